@@ -1,0 +1,364 @@
+//! The JSONL archive backend: a file (or stdin) of `dlqctl/dead-letter/v1` lines.
+//!
+//! It is the embedded default, works with no broker at all, and is what `export` writes.
+//! As a redrive source, settling rewrites the file without the settled lines
+//! (write a temporary file, fsync, rename), so a crash leaves either the old or the new
+//! file, never a half-written one.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::Utc;
+use futures::StreamExt;
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+use super::{Broker, Capabilities, Description, Handle, LetterStream, OpenOptions, Received};
+use crate::error::{Error, Result};
+use crate::model::DeadLetter;
+use crate::target::ArchiveTarget;
+
+const READ_BUFFER: usize = 256 * 1024;
+
+pub struct ArchiveBroker {
+    target: ArchiveTarget,
+    skip_invalid: bool,
+    skipped: AtomicU64,
+    first_skipped_line: AtomicU64,
+    consumer: tokio::sync::Mutex<Option<Consumer>>,
+    /// Lines of the original file already settled (removed from the file on disk).
+    removed: Mutex<BTreeSet<u64>>,
+}
+
+/// The reader behind `receive`: it keeps the file as it was when the first receive
+/// opened it, so line numbers stay stable while settles rewrite the path.
+struct Consumer {
+    lines: LineReader,
+}
+
+impl ArchiveBroker {
+    pub async fn open(target: ArchiveTarget, options: &OpenOptions) -> Result<Self> {
+        if let ArchiveTarget::File(path) = &target {
+            // Fail now, with the path, rather than on first read.
+            tokio::fs::metadata(path)
+                .await
+                .map_err(|e| open_error(path, e))?;
+        }
+        Ok(ArchiveBroker {
+            target,
+            skip_invalid: options.skip_invalid,
+            skipped: AtomicU64::new(0),
+            first_skipped_line: AtomicU64::new(0),
+            consumer: tokio::sync::Mutex::new(None),
+            removed: Mutex::new(BTreeSet::new()),
+        })
+    }
+
+    fn name(&self) -> String {
+        match &self.target {
+            ArchiveTarget::File(p) => p.display().to_string(),
+            ArchiveTarget::Stdin => "<stdin>".into(),
+        }
+    }
+
+    fn file(&self, operation: &'static str) -> Result<&Path> {
+        match &self.target {
+            ArchiveTarget::File(p) => Ok(p),
+            ArchiveTarget::Stdin => Err(Error::NotSupported {
+                backend: self.backend(),
+                operation,
+                why: "an archive read from stdin can only be read once; save it to a .jsonl file first".into(),
+            }),
+        }
+    }
+
+    async fn reader(&self) -> Result<LineReader> {
+        let input: Box<dyn AsyncBufRead + Unpin + Send> = match &self.target {
+            ArchiveTarget::Stdin => {
+                Box::new(BufReader::with_capacity(READ_BUFFER, tokio::io::stdin()))
+            }
+            ArchiveTarget::File(path) => {
+                let file = tokio::fs::File::open(path)
+                    .await
+                    .map_err(|e| open_error(path, e))?;
+                Box::new(BufReader::with_capacity(READ_BUFFER, file))
+            }
+        };
+        Ok(LineReader {
+            input,
+            name: self.name(),
+            line_no: 0,
+            buf: Vec::with_capacity(4096),
+        })
+    }
+
+    /// The next dead letter, honouring `--skip-invalid`.
+    async fn next_letter(&self, lines: &mut LineReader) -> Option<Result<(u64, DeadLetter)>> {
+        loop {
+            match lines.next().await? {
+                Err(Error::InvalidRecord { line, .. }) if self.skip_invalid => {
+                    if self.skipped.fetch_add(1, Ordering::Relaxed) == 0 {
+                        self.first_skipped_line.store(line, Ordering::Relaxed);
+                    }
+                }
+                other => return Some(other),
+            }
+        }
+    }
+}
+
+fn open_error(path: &Path, e: std::io::Error) -> Error {
+    Error::io(
+        format!(
+            "cannot open archive {} (a target is a .jsonl file, a URL such as rabbitmq://, sqs://, kafka://, \
+             or a name under [targets] in the config file)",
+            path.display()
+        ),
+        e,
+    )
+}
+
+struct LineReader {
+    input: Box<dyn AsyncBufRead + Unpin + Send>,
+    name: String,
+    line_no: u64,
+    buf: Vec<u8>,
+}
+
+impl LineReader {
+    /// The next non-blank line as a dead letter, with its 0-based line index.
+    async fn next(&mut self) -> Option<Result<(u64, DeadLetter)>> {
+        loop {
+            self.buf.clear();
+            match self.input.read_until(b'\n', &mut self.buf).await {
+                Ok(0) => return None,
+                Ok(_) => {}
+                Err(e) => {
+                    return Some(Err(Error::io(
+                        format!("cannot read archive {}", self.name),
+                        e,
+                    )));
+                }
+            }
+            let index = self.line_no;
+            self.line_no += 1;
+            let line = self.buf.trim_ascii();
+            if line.is_empty() {
+                continue;
+            }
+            return Some(
+                serde_json::from_slice::<DeadLetter>(line)
+                    .map(|letter| (index, letter))
+                    .map_err(|e| Error::InvalidRecord {
+                        source_name: self.name.clone(),
+                        line: index + 1,
+                        message: format!("not a dead letter: {}", without_position(&e)),
+                    }),
+            );
+        }
+    }
+}
+
+/// serde_json appends "at line 1 column N"; within one JSONL line only the column helps.
+fn without_position(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    match text.rfind(" at line ") {
+        Some(i) => format!("{} (column {})", &text[..i], e.column()),
+        None => text,
+    }
+}
+
+#[async_trait]
+impl Broker for ArchiveBroker {
+    fn backend(&self) -> &'static str {
+        "archive"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            peek: true,
+            peek_cost: None,
+            consume: matches!(self.target, ArchiveTarget::File(_)),
+        }
+    }
+
+    async fn describe(&self) -> Result<Description> {
+        let mut lines = self.reader().await?;
+        let mut depth = 0u64;
+        let mut oldest = None;
+        let mut sources = BTreeSet::new();
+        while let Some(next) = self.next_letter(&mut lines).await {
+            let (_, letter) = next?;
+            depth += 1;
+            if let Some(t) = letter.failed_at() {
+                oldest = Some(oldest.map_or(t, |o: chrono::DateTime<Utc>| o.min(t)));
+            }
+            if let Some(name) = letter.source.name {
+                sources.insert(name);
+            }
+        }
+        Ok(Description {
+            target: self.name(),
+            name: self.name(),
+            kind: "archive",
+            depth: Some(depth),
+            oldest_age: oldest.map(|t| (Utc::now() - t).to_std().unwrap_or(Duration::ZERO)),
+            retention: None,
+            sources: sources.into_iter().collect(),
+            capabilities: self.capabilities(),
+            notes: self.read_notes(),
+        })
+    }
+
+    async fn list(&self) -> Result<Vec<Description>> {
+        Ok(vec![self.describe().await?])
+    }
+
+    async fn peek(&self, limit: Option<u64>) -> Result<LetterStream<'_>> {
+        let lines = self.reader().await?;
+        let remaining = limit.unwrap_or(u64::MAX);
+        Ok(futures::stream::unfold(
+            (lines, remaining),
+            move |(mut lines, remaining)| async move {
+                if remaining == 0 {
+                    return None;
+                }
+                let next = self.next_letter(&mut lines).await?;
+                Some((next.map(|(_, letter)| letter), (lines, remaining - 1)))
+            },
+        )
+        .boxed())
+    }
+
+    async fn receive(&self, max: usize) -> Result<Vec<Received>> {
+        self.file("receive messages")?;
+        let mut consumer = self.consumer.lock().await;
+        if consumer.is_none() {
+            *consumer = Some(Consumer {
+                lines: self.reader().await?,
+            });
+        }
+        let lines = &mut consumer.as_mut().expect("set above").lines;
+        let mut batch = Vec::with_capacity(max);
+        while batch.len() < max {
+            let Some(next) = self.next_letter(lines).await else {
+                break;
+            };
+            let (index, letter) = next?;
+            batch.push(Received {
+                handle: Handle::ArchiveRecord(index),
+                letter,
+            });
+        }
+        Ok(batch)
+    }
+
+    async fn settle(&self, handles: &[Handle]) -> Result<()> {
+        let path = self.file("settle messages")?.to_path_buf();
+        let settled: BTreeSet<u64> = handles.iter().map(|Handle::ArchiveRecord(i)| *i).collect();
+        if settled.is_empty() {
+            return Ok(());
+        }
+        // Hold the consumer lock so no receive interleaves with the rewrite.
+        let _consumer = self.consumer.lock().await;
+        let removed_before = self.removed.lock().expect("not poisoned").clone();
+        rewrite_without(&path, &removed_before, &settled).await?;
+        self.removed.lock().expect("not poisoned").extend(settled);
+        Ok(())
+    }
+
+    async fn release(&self, _handles: &[Handle]) -> Result<()> {
+        // Released records were never removed from the file: nothing to undo.
+        self.file("release messages")?;
+        Ok(())
+    }
+
+    fn read_notes(&self) -> Vec<String> {
+        match self.skipped.load(Ordering::Relaxed) {
+            0 => Vec::new(),
+            n => vec![format!(
+                "skipped {n} invalid line(s) in {} (first at line {})",
+                self.name(),
+                self.first_skipped_line.load(Ordering::Relaxed)
+            )],
+        }
+    }
+}
+
+/// Rewrite `path` without the lines in `settled`. Line indices refer to the file as it was
+/// first opened; `removed_before` are the lines earlier rewrites already dropped.
+async fn rewrite_without(
+    path: &Path,
+    removed_before: &BTreeSet<u64>,
+    settled: &BTreeSet<u64>,
+) -> Result<()> {
+    let context = |what: &str| {
+        format!(
+            "cannot {what} while settling messages in archive {}",
+            path.display()
+        )
+    };
+    let tmp = temp_path(path);
+    let source = tokio::fs::File::open(path)
+        .await
+        .map_err(|e| Error::io(context("read"), e))?;
+    let permissions = source
+        .metadata()
+        .await
+        .map_err(|e| Error::io(context("read"), e))?
+        .permissions();
+    let mut input = BufReader::with_capacity(READ_BUFFER, source);
+    let out = tokio::fs::File::create(&tmp)
+        .await
+        .map_err(|e| Error::io(context("create a temporary file"), e))?;
+    let mut output = tokio::io::BufWriter::with_capacity(READ_BUFFER, out);
+    let mut original_index = 0u64;
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if input
+            .read_until(b'\n', &mut line)
+            .await
+            .map_err(|e| Error::io(context("read"), e))?
+            == 0
+        {
+            break;
+        }
+        while removed_before.contains(&original_index) {
+            original_index += 1;
+        }
+        if !settled.contains(&original_index) {
+            output
+                .write_all(&line)
+                .await
+                .map_err(|e| Error::io(context("write"), e))?;
+        }
+        original_index += 1;
+    }
+    output
+        .flush()
+        .await
+        .map_err(|e| Error::io(context("write"), e))?;
+    let out = output.into_inner();
+    out.set_permissions(permissions)
+        .await
+        .map_err(|e| Error::io(context("write"), e))?;
+    out.sync_all()
+        .await
+        .map_err(|e| Error::io(context("sync"), e))?;
+    tokio::fs::rename(&tmp, path)
+        .await
+        .map_err(|e| Error::io(context("replace"), e))?;
+    Ok(())
+}
+
+fn temp_path(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.dlqctl-settle"))
+}

@@ -1,0 +1,145 @@
+//! One trait over every place dead letters live, in the manner of `object_store`:
+//! a module per backend, capability flags instead of silent no-ops, and a shared
+//! conformance suite (`tests/conformance/`) that every backend runs.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::model::DeadLetter;
+use crate::target::Target;
+
+pub mod archive;
+
+pub type LetterStream<'a> = BoxStream<'a, Result<DeadLetter>>;
+
+/// What a backend can do, so callers ask instead of discovering a no-op.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Capabilities {
+    /// `peek` reads without removing.
+    pub peek: bool,
+    /// What a peek costs on this broker, in a sentence, when it is not free.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peek_cost: Option<&'static str>,
+    /// `receive`, `settle` and `release` work (a redrive can take messages out).
+    pub consume: bool,
+}
+
+/// A DLQ as `list` and `describe` show it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Description {
+    /// The target, password masked.
+    pub target: String,
+    pub name: String,
+    pub kind: &'static str,
+    pub depth: Option<u64>,
+    /// Age of the oldest dead letter, in seconds.
+    #[serde(serialize_with = "as_seconds")]
+    pub oldest_age: Option<Duration>,
+    /// How long the DLQ keeps a message, in seconds; `None` when unknown or unlimited.
+    #[serde(serialize_with = "as_seconds")]
+    pub retention: Option<Duration>,
+    /// Queues or topics that dead-letter into it.
+    pub sources: Vec<String>,
+    pub capabilities: Capabilities,
+    /// Problems or caveats worth a human's attention.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+fn as_seconds<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => s.serialize_u64(d.as_secs()),
+        None => s.serialize_none(),
+    }
+}
+
+/// A backend's own token for a message it handed out, to settle or release it later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Handle {
+    /// Position of the record in the archive file as it was when opened.
+    ArchiveRecord(u64),
+}
+
+#[derive(Debug)]
+pub struct Received {
+    pub handle: Handle,
+    pub letter: DeadLetter,
+}
+
+/// Options that shape how a backend reads.
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    /// Skip archive lines that are not dead letters instead of stopping at the first.
+    pub skip_invalid: bool,
+}
+
+#[async_trait]
+pub trait Broker: Send + Sync {
+    /// Short backend name for messages ("archive", "RabbitMQ", ...).
+    fn backend(&self) -> &'static str;
+
+    fn capabilities(&self) -> Capabilities;
+
+    async fn describe(&self) -> Result<Description>;
+
+    /// Every DLQ this target can see: one for a DLQ target, all of them for a broker-level one.
+    async fn list(&self) -> Result<Vec<Description>>;
+
+    /// Read up to `limit` dead letters (all of them with `None`) without removing any.
+    async fn peek(&self, limit: Option<u64>) -> Result<LetterStream<'_>>;
+
+    /// Take up to `max` messages out of view, each with a handle to settle or release.
+    async fn receive(&self, _max: usize) -> Result<Vec<Received>> {
+        Err(self.not_supported("receive messages"))
+    }
+
+    /// Remove these messages for good; call only after their copies are confirmed elsewhere.
+    async fn settle(&self, _handles: &[Handle]) -> Result<()> {
+        Err(self.not_supported("settle messages"))
+    }
+
+    /// Put these messages back, untouched.
+    async fn release(&self, _handles: &[Handle]) -> Result<()> {
+        Err(self.not_supported("release messages"))
+    }
+
+    /// Caveats learned while reading (lines skipped, scan incomplete), shown after a verb's output.
+    fn read_notes(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    fn not_supported(&self, operation: &'static str) -> Error {
+        Error::NotSupported {
+            backend: self.backend(),
+            operation,
+            why: "this backend does not implement it".into(),
+        }
+    }
+}
+
+/// Open the backend for a target.
+pub async fn open(target: &Target, options: &OpenOptions) -> Result<Box<dyn Broker>> {
+    match target {
+        Target::Archive(t) => Ok(Box::new(
+            archive::ArchiveBroker::open(t.clone(), options).await?,
+        )),
+        Target::Rabbitmq(_) => Err(not_built(target, "RabbitMQ")),
+        Target::Sqs(_) => Err(not_built(target, "SQS")),
+        Target::Kafka(_) => Err(not_built(target, "Kafka")),
+    }
+}
+
+fn not_built(target: &Target, backend: &'static str) -> Error {
+    Error::NotSupported {
+        backend,
+        operation: "be reached yet",
+        why: format!(
+            "{target} is a valid target, but this build of dlqctl has no {backend} backend yet; \
+             export the messages to a .jsonl archive and point dlqctl at that"
+        ),
+    }
+}

@@ -1,0 +1,86 @@
+//! `dlqctl export`: every dead letter as one JSONL line, streamed in bounded memory.
+//! With `--file`, the output appears under its name only once complete, so a failed
+//! export never leaves a truncated archive that looks whole.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use futures::TryStreamExt;
+
+use super::Context;
+use crate::cli::ExportArgs;
+use crate::error::{Error, Result};
+
+pub async fn run(ctx: &mut Context, args: &ExportArgs) -> Result<()> {
+    let (target, broker) = ctx.open(&args.read).await?;
+    if let Some(cost) = broker.capabilities().peek_cost {
+        ctx.out.note(cost);
+    }
+    let redactor = ctx.redactor(&args.redact);
+    let mut letters = broker.peek(None).await?;
+    let mut file = args.file.as_deref().map(PartialFile::create).transpose()?;
+    let mut count = 0u64;
+    while let Some(mut letter) = letters.try_next().await? {
+        redactor.apply(&mut letter);
+        match &mut file {
+            Some(f) => f.write_line(&letter)?,
+            None => ctx.out.json_line(&letter)?,
+        }
+        count += 1;
+    }
+    drop(letters);
+    if let Some(f) = file {
+        let path = f.commit()?;
+        ctx.out.note(&format!(
+            "exported {count} dead letters from {target} to {}",
+            path.display()
+        ));
+    }
+    ctx.report_read_notes(broker.as_ref());
+    Ok(())
+}
+
+/// A file written under a temporary name and renamed into place when complete.
+struct PartialFile {
+    path: PathBuf,
+    tmp: PathBuf,
+    out: BufWriter<File>,
+}
+
+impl PartialFile {
+    fn create(path: &Path) -> Result<Self> {
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".partial");
+        let tmp = PathBuf::from(tmp);
+        let file = File::create(&tmp)
+            .map_err(|e| Error::io(format!("cannot create {}", tmp.display()), e))?;
+        Ok(PartialFile {
+            path: path.to_path_buf(),
+            tmp,
+            out: BufWriter::with_capacity(128 * 1024, file),
+        })
+    }
+
+    fn write_line<T: serde::Serialize>(&mut self, value: &T) -> Result<()> {
+        let fail = |e: std::io::Error| Error::io(format!("cannot write {}", self.tmp.display()), e);
+        serde_json::to_writer(&mut self.out, value).map_err(|e| fail(e.into()))?;
+        self.out.write_all(b"\n").map_err(fail)
+    }
+
+    fn commit(mut self) -> Result<PathBuf> {
+        let fail =
+            |e: std::io::Error| Error::io(format!("cannot finish {}", self.path.display()), e);
+        self.out.flush().map_err(fail)?;
+        self.out.get_ref().sync_all().map_err(fail)?;
+        std::fs::rename(&self.tmp, &self.path).map_err(fail)?;
+        Ok(self.path.clone())
+    }
+}
+
+impl Drop for PartialFile {
+    fn drop(&mut self) {
+        // Reached with the temporary file still present only when the export failed.
+        let _ = std::fs::remove_file(&self.tmp);
+    }
+}

@@ -1,0 +1,109 @@
+//! One module per verb. This file holds what they share: the runtime, the context
+//! (config, output), opening a target, and turning errors into exit codes.
+
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::broker::{self, Broker, OpenOptions};
+use crate::cli::{Cli, Command, ReadArgs, RedactArgs};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::output::Output;
+use crate::redact::Redactor;
+use crate::target::Target;
+
+mod export;
+mod list;
+mod peek;
+mod summarize;
+
+/// What every verb gets: the loaded config and the output sink.
+pub struct Context {
+    pub config: Config,
+    pub out: Output,
+}
+
+impl Context {
+    /// Resolve and open the DLQ named on the command line.
+    pub async fn open(&self, read: &ReadArgs) -> Result<(Target, Box<dyn Broker>)> {
+        let target = self.config.resolve(&read.target)?;
+        let options = OpenOptions {
+            skip_invalid: read.skip_invalid,
+        };
+        let broker = broker::open(&target, &options).await?;
+        Ok((target, broker))
+    }
+
+    /// `--redact` fields plus the config file's `[redact] fields`.
+    pub fn redactor(&self, args: &RedactArgs) -> Redactor {
+        Redactor::new(self.config.redact.fields.iter().chain(&args.fields))
+    }
+
+    /// Print what the backend learned while reading (skipped lines, incomplete scans).
+    pub fn report_read_notes(&self, broker: &dyn Broker) {
+        for note in broker.read_notes() {
+            self.out.note(&note);
+        }
+    }
+}
+
+/// Run a parsed command line to completion and map the outcome to an exit code.
+pub fn run(cli: Cli) -> ExitCode {
+    match execute(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is_broken_pipe() => ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "dlqctl: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn execute(cli: Cli) -> Result<()> {
+    let config = Config::load(cli.config.as_deref())?;
+    let out = Output::new(cli.output, cli.color, cli.quiet);
+    let mut ctx = Context { config, out };
+    // One thread is plenty for a CLI that waits on I/O, and it starts fastest.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::io("cannot start the async runtime", e))?;
+    runtime.block_on(async {
+        match &cli.command {
+            Command::List(args) => list::run(&mut ctx, args).await,
+            Command::Peek(args) => peek::run(&mut ctx, args).await,
+            Command::Summarize(args) => summarize::run(&mut ctx, args).await,
+            Command::Export(args) => export::run(&mut ctx, args).await,
+        }
+    })?;
+    ctx.out.finish()
+}
+
+/// `3d4h`, `2h5m`, `42s`: the two largest units, enough to read at a glance.
+pub fn format_age(age: Duration) -> String {
+    let secs = age.as_secs();
+    let (d, h, m, s) = (secs / 86_400, secs / 3_600 % 24, secs / 60 % 60, secs % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m{s}s"),
+        (0, _, _) => format!("{h}h{m}m"),
+        _ => format!("{d}d{h}h"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_read_at_a_glance() {
+        assert_eq!(format_age(Duration::from_secs(42)), "42s");
+        assert_eq!(format_age(Duration::from_secs(125)), "2m5s");
+        assert_eq!(format_age(Duration::from_secs(3 * 3600 + 60)), "3h1m");
+        assert_eq!(
+            format_age(Duration::from_secs(2 * 86_400 + 5 * 3600 + 7)),
+            "2d5h"
+        );
+    }
+}

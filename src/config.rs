@@ -1,0 +1,188 @@
+//! The optional config file: named targets (so runbooks carry no credentials in URLs)
+//! and default redaction rules.
+//!
+//! ```toml
+//! [targets.prod-orders]
+//! url = "rabbitmq://ops@mq.prod:5672/%2f/orders.dlq"
+//! password_env = "DLQCTL_PROD_MQ_PASSWORD"
+//!
+//! [redact]
+//! fields = ["header.authorization", "body.card.number"]
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::target::{Secret, Target};
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub targets: BTreeMap<String, NamedTarget>,
+    #[serde(default)]
+    pub redact: RedactConfig,
+    /// Where the file came from, for error messages.
+    #[serde(skip)]
+    path: Option<PathBuf>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamedTarget {
+    pub url: String,
+    /// A password kept in the file itself (the file should then be mode 0600).
+    #[serde(default)]
+    password: Option<String>,
+    /// The name of an environment variable holding the password.
+    #[serde(default)]
+    password_env: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedactConfig {
+    /// Fields redacted by every verb, in the `--redact` syntax.
+    #[serde(default)]
+    pub fields: Vec<String>,
+}
+
+impl Config {
+    /// Load `explicit` (which must exist), else `$XDG_CONFIG_HOME/dlqctl/config.toml`
+    /// (or `~/.config/...`) when present, else an empty config.
+    pub fn load(explicit: Option<&Path>) -> Result<Config> {
+        let path = match explicit {
+            Some(p) => p.to_path_buf(),
+            None => match default_path() {
+                Some(p) if p.exists() => p,
+                _ => return Ok(Config::default()),
+            },
+        };
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            Error::io(
+                format!(
+                    "cannot read config file {} (check --config or DLQCTL_CONFIG)",
+                    path.display()
+                ),
+                e,
+            )
+        })?;
+        let mut config: Config = toml::from_str(&text).map_err(|e| {
+            // toml's message spans several lines with a caret; keep the first one.
+            let first = e.message().lines().next().unwrap_or_default().to_owned();
+            let line = e
+                .span()
+                .map(|s| format!(":{}", text[..s.start].matches('\n').count() + 1))
+                .unwrap_or_default();
+            Error::Usage(format!("config file {}{line}: {first}", path.display()))
+        })?;
+        config.path = Some(path);
+        Ok(config)
+    }
+
+    /// Turn what the user typed into a target: a name under `[targets]` first, else a literal address.
+    pub fn resolve(&self, input: &str) -> Result<Target> {
+        let Some(named) = self.targets.get(input) else {
+            return Target::parse(input);
+        };
+        let where_ = self
+            .path
+            .as_deref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        let mut target = Target::parse(&named.url)
+            .map_err(|e| Error::Usage(format!("target {input:?} in config file {where_}: {e}")))?;
+        let password = match (&named.password, &named.password_env) {
+            (Some(_), Some(_)) => {
+                return Err(Error::Usage(format!(
+                    "target {input:?} in config file {where_} sets both password and password_env; keep one"
+                )));
+            }
+            (Some(p), None) => Some(p.clone()),
+            (None, Some(var)) => Some(std::env::var(var).map_err(|_| {
+                Error::Usage(format!(
+                    "target {input:?} takes its password from ${var}, which is not set: export it first"
+                ))
+            })?),
+            (None, None) => None,
+        };
+        if let Some(password) = password {
+            match &mut target {
+                Target::Rabbitmq(t) => t.password = Some(Secret::new(password)),
+                other => {
+                    return Err(Error::Usage(format!(
+                        "target {input:?} in config file {where_}: a password applies to rabbitmq:// targets, \
+                         not {}",
+                        other.scheme()
+                    )));
+                }
+            }
+        }
+        Ok(target)
+    }
+}
+
+fn default_path() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+    Some(base.join("dlqctl").join("config.toml"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::target::RabbitmqTarget;
+
+    fn config(text: &str) -> Config {
+        toml::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn named_target_takes_its_password_from_the_environment() {
+        // SAFETY: no other test reads or writes this variable.
+        unsafe { std::env::set_var("DLQCTL_TEST_PW_1", "hunter2") };
+        let c = config(
+            r#"
+            [targets.prod]
+            url = "rabbitmq://ops@mq:5672/%2f/orders.dlq"
+            password_env = "DLQCTL_TEST_PW_1"
+            "#,
+        );
+        let Target::Rabbitmq(RabbitmqTarget { password, .. }) = c.resolve("prod").unwrap() else {
+            panic!()
+        };
+        assert_eq!(password.unwrap().expose(), "hunter2");
+        let shown = c.resolve("prod").unwrap().to_string();
+        assert!(!shown.contains("hunter2"), "{shown}");
+    }
+
+    #[test]
+    fn missing_password_variable_is_named() {
+        let c = config(
+            "[targets.p]\nurl = \"rabbitmq://ops@mq/v/q\"\npassword_env = \"DLQCTL_TEST_UNSET_VAR\"\n",
+        );
+        let err = c.resolve("p").unwrap_err().to_string();
+        assert!(err.contains("$DLQCTL_TEST_UNSET_VAR"), "{err}");
+    }
+
+    #[test]
+    fn unnamed_input_is_parsed_literally() {
+        let c = Config::default();
+        assert_eq!(c.resolve("sqs://q").unwrap().scheme(), "sqs");
+    }
+
+    #[test]
+    fn bad_config_file_names_file_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, "[targets.a]\nurl = \"x\"\nbogus = 1\n").unwrap();
+        let err = Config::load(Some(&path)).unwrap_err().to_string();
+        assert!(err.contains("config.toml:3"), "{err}");
+        assert!(err.contains("bogus"), "{err}");
+    }
+}

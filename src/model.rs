@@ -1,0 +1,754 @@
+//! The normalized dead letter: one shape for a message that died on RabbitMQ, SQS or Kafka.
+//!
+//! Its JSON form is the JSONL archive format (`dlqctl/dead-letter/v1`), so the serde
+//! impls here are a public contract: see the README before changing a field.
+
+use std::fmt;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::ser::{SerializeMap, SerializeStruct, Serializer};
+use serde::{Deserialize, Serialize};
+
+pub const SCHEMA: &str = "dlqctl/dead-letter/v1";
+
+/// A typed header, attribute or property value: enough for AMQP field tables,
+/// SQS message attributes and Kafka headers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Null,
+    Bool(bool),
+    /// Every integer width (AMQP sends 8 to 64 bits, signed or not) as one signed 64-bit value.
+    Int(i64),
+    Float(f64),
+    String(String),
+    Bytes(Vec<u8>),
+    Timestamp(DateTime<Utc>),
+    List(Vec<Value>),
+    Table(Headers),
+}
+
+/// Names to typed values, in the order the broker gave them; a name may repeat
+/// (Kafka headers allow it), so this is a list, not a map.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Headers(Vec<(String, Value)>);
+
+impl Headers {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The first value under `name`.
+    pub fn get(&self, name: &str) -> Option<&Value> {
+        self.0.iter().find(|(k, _)| k == name).map(|(_, v)| v)
+    }
+
+    pub fn push(&mut self, name: impl Into<String>, value: impl Into<Value>) {
+        self.0.push((name.into(), value.into()));
+    }
+
+    /// Builder form of [`Headers::push`].
+    pub fn with(mut self, name: impl Into<String>, value: impl Into<Value>) -> Self {
+        self.push(name, value);
+        self
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Value)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v))
+    }
+
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&str, &mut Value)> {
+        self.0.iter_mut().map(|(k, v)| (k.as_str(), v))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl<K: Into<String>, V: Into<Value>> FromIterator<(K, V)> for Headers {
+    fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
+        Headers(
+            iter.into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
+        )
+    }
+}
+
+impl From<&str> for Value {
+    fn from(s: &str) -> Self {
+        Value::String(s.to_owned())
+    }
+}
+impl From<String> for Value {
+    fn from(s: String) -> Self {
+        Value::String(s)
+    }
+}
+impl From<i64> for Value {
+    fn from(n: i64) -> Self {
+        Value::Int(n)
+    }
+}
+impl From<bool> for Value {
+    fn from(b: bool) -> Self {
+        Value::Bool(b)
+    }
+}
+impl From<Vec<u8>> for Value {
+    fn from(b: Vec<u8>) -> Self {
+        Value::Bytes(b)
+    }
+}
+impl From<DateTime<Utc>> for Value {
+    fn from(t: DateTime<Utc>) -> Self {
+        Value::Timestamp(t)
+    }
+}
+impl From<Headers> for Value {
+    fn from(t: Headers) -> Self {
+        Value::Table(t)
+    }
+}
+impl From<Vec<Value>> for Value {
+    fn from(l: Vec<Value>) -> Self {
+        Value::List(l)
+    }
+}
+
+impl Value {
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::String(s) => Some(s),
+            Value::Bytes(b) => std::str::from_utf8(b).ok(),
+            _ => None,
+        }
+    }
+}
+
+/// Short human form for tables: strings bare, bytes as text when printable.
+impl fmt::Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::Null => f.write_str("null"),
+            Value::Bool(b) => write!(f, "{b}"),
+            Value::Int(n) => write!(f, "{n}"),
+            Value::Float(x) => write!(f, "{x}"),
+            Value::String(s) => f.write_str(s),
+            Value::Bytes(b) => match std::str::from_utf8(b) {
+                Ok(s) => f.write_str(s),
+                Err(_) => write!(f, "<{} bytes>", b.len()),
+            },
+            Value::Timestamp(t) => f.write_str(&format_time(t)),
+            Value::List(items) => {
+                f.write_str("[")?;
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{item}")?;
+                }
+                f.write_str("]")
+            }
+            Value::Table(t) => {
+                f.write_str("{")?;
+                for (i, (k, v)) in t.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{k}: {v}")?;
+                }
+                f.write_str("}")
+            }
+        }
+    }
+}
+
+pub fn format_time(t: &DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::AutoSi, true)
+}
+
+// JSON form of a value. Plain JSON where the type is unambiguous; a one-key object
+// with a `$` tag where JSON has no such type (`$bytes`, `$timestamp`, non-finite
+// `$float`), and `$table` to escape a real table whose only key starts with `$`.
+const TAG_BYTES: &str = "$bytes";
+const TAG_TIMESTAMP: &str = "$timestamp";
+const TAG_FLOAT: &str = "$float";
+const TAG_TABLE: &str = "$table";
+
+fn is_tag(key: &str) -> bool {
+    matches!(key, TAG_BYTES | TAG_TIMESTAMP | TAG_FLOAT | TAG_TABLE)
+}
+
+impl Serialize for Value {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Value::Null => s.serialize_unit(),
+            Value::Bool(b) => s.serialize_bool(*b),
+            Value::Int(n) => s.serialize_i64(*n),
+            Value::Float(x) if x.is_finite() => s.serialize_f64(*x),
+            Value::Float(x) => tagged(s, TAG_FLOAT, &x.to_string()),
+            Value::String(v) => s.serialize_str(v),
+            Value::Bytes(b) => tagged(s, TAG_BYTES, &BASE64.encode(b)),
+            Value::Timestamp(t) => tagged(s, TAG_TIMESTAMP, &format_time(t)),
+            Value::List(items) => s.collect_seq(items),
+            Value::Table(t) if t.len() == 1 && t.0[0].0.starts_with('$') => tagged(s, TAG_TABLE, t),
+            Value::Table(t) => t.serialize(s),
+        }
+    }
+}
+
+fn tagged<S: Serializer, T: Serialize + ?Sized>(
+    s: S,
+    tag: &str,
+    value: &T,
+) -> Result<S::Ok, S::Error> {
+    let mut map = s.serialize_map(Some(1))?;
+    map.serialize_entry(tag, value)?;
+    map.end()
+}
+
+impl Serialize for Headers {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Headers {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct HeadersVisitor;
+        impl<'de> Visitor<'de> for HeadersVisitor {
+            type Value = Headers;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object of header names to values")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Headers, A::Error> {
+                let mut out = Vec::with_capacity(map.size_hint().unwrap_or(0));
+                while let Some((k, v)) = map.next_entry::<String, Value>()? {
+                    out.push((k, v));
+                }
+                Ok(Headers(out))
+            }
+        }
+        d.deserialize_map(HeadersVisitor)
+    }
+}
+
+impl<'de> Deserialize<'de> for Value {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ValueVisitor)
+    }
+}
+
+struct ValueVisitor;
+
+impl<'de> Visitor<'de> for ValueVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a header value")
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_bool<E>(self, b: bool) -> Result<Value, E> {
+        Ok(Value::Bool(b))
+    }
+    fn visit_i64<E>(self, n: i64) -> Result<Value, E> {
+        Ok(Value::Int(n))
+    }
+    fn visit_u64<E: de::Error>(self, n: u64) -> Result<Value, E> {
+        i64::try_from(n).map(Value::Int).map_err(|_| {
+            E::custom(format!(
+                "integer {n} is larger than a signed 64-bit header value"
+            ))
+        })
+    }
+    fn visit_f64<E>(self, x: f64) -> Result<Value, E> {
+        Ok(Value::Float(x))
+    }
+    fn visit_str<E>(self, s: &str) -> Result<Value, E> {
+        Ok(Value::String(s.to_owned()))
+    }
+    fn visit_string<E>(self, s: String) -> Result<Value, E> {
+        Ok(Value::String(s))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+        while let Some(v) = seq.next_element()? {
+            out.push(v);
+        }
+        Ok(Value::List(out))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let Some(first_key) = map.next_key::<String>()? else {
+            return Ok(Value::Table(Headers::new()));
+        };
+        if first_key == TAG_TABLE {
+            let inner: Headers = map.next_value()?;
+            return match map.next_key::<String>()? {
+                None => Ok(Value::Table(inner)),
+                Some(k) => Err(de::Error::custom(format!(
+                    "unexpected key {k:?} beside {TAG_TABLE}"
+                ))),
+            };
+        }
+        let first_value: Value = map.next_value()?;
+        let mut rest = Vec::new();
+        while let Some(entry) = map.next_entry::<String, Value>()? {
+            rest.push(entry);
+        }
+        if rest.is_empty() && is_tag(&first_key) {
+            return untag::<A::Error>(&first_key, first_value);
+        }
+        let mut table = Vec::with_capacity(rest.len() + 1);
+        table.push((first_key, first_value));
+        table.extend(rest);
+        Ok(Value::Table(Headers(table)))
+    }
+}
+
+fn untag<E: de::Error>(tag: &str, value: Value) -> Result<Value, E> {
+    let Value::String(text) = value else {
+        return Err(E::custom(format!("{tag} takes a string")));
+    };
+    match tag {
+        TAG_BYTES => BASE64
+            .decode(text.as_bytes())
+            .map(Value::Bytes)
+            .map_err(|e| E::custom(format!("{TAG_BYTES} is not base64: {e}"))),
+        TAG_TIMESTAMP => parse_time(&text).map(Value::Timestamp).map_err(E::custom),
+        TAG_FLOAT => text
+            .parse::<f64>()
+            .map(Value::Float)
+            .map_err(|_| E::custom(format!("{TAG_FLOAT} {text:?} is not a number"))),
+        _ => unreachable!("only tags reach untag"),
+    }
+}
+
+pub fn parse_time(text: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(text)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| format!("{text:?} is not an RFC 3339 time: {e}"))
+}
+
+/// Why the message died, as a kind every broker maps onto, plus the broker's own words.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Reason {
+    pub kind: ReasonKind,
+    /// The reason exactly as the broker or framework wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw: Option<String>,
+    /// An error code (Lambda `ErrorCode`, EventBridge `ERROR_CODE`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exception_class: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause_class: Option<String>,
+    /// The error or exception message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum ReasonKind {
+    Rejected,
+    Expired,
+    Maxlen,
+    DeliveryLimit,
+    MaxReceiveCount,
+    Exception,
+    ErrorCode,
+    #[default]
+    Unknown,
+}
+
+impl ReasonKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReasonKind::Rejected => "rejected",
+            ReasonKind::Expired => "expired",
+            ReasonKind::Maxlen => "maxlen",
+            ReasonKind::DeliveryLimit => "delivery_limit",
+            ReasonKind::MaxReceiveCount => "max_receive_count",
+            ReasonKind::Exception => "exception",
+            ReasonKind::ErrorCode => "error_code",
+            ReasonKind::Unknown => "unknown",
+        }
+    }
+}
+
+impl fmt::Display for ReasonKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Reason {
+    pub fn new(kind: ReasonKind) -> Self {
+        Reason {
+            kind,
+            ..Reason::default()
+        }
+    }
+
+    /// The most specific thing that failed: exception class, else error code.
+    pub fn failure_class(&self) -> Option<&str> {
+        self.exception_class.as_deref().or(self.code.as_deref())
+    }
+}
+
+/// Where the message was headed before it died.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Source {
+    /// Queue (RabbitMQ, SQS) or topic (Kafka).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The broker's full address for it, such as an SQS queue ARN.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exchange: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routing_keys: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<i64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BrokerKind {
+    Rabbitmq,
+    Sqs,
+    Kafka,
+}
+
+impl BrokerKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BrokerKind::Rabbitmq => "rabbitmq",
+            BrokerKind::Sqs => "sqs",
+            BrokerKind::Kafka => "kafka",
+        }
+    }
+}
+
+/// One dead letter, normalized.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DeadLetter {
+    /// The broker's message id (AMQP message-id, SQS MessageId, Kafka topic-partition@offset).
+    pub id: String,
+    /// Which broker it was read from, when known.
+    pub broker: Option<BrokerKind>,
+    /// The dead-letter queue or topic it was read from.
+    pub dlq: Option<String>,
+    pub source: Source,
+    pub reason: Reason,
+    /// How many times it failed (x-death count, ApproximateReceiveCount).
+    pub failure_count: Option<u64>,
+    pub first_failed_at: Option<DateTime<Utc>>,
+    pub last_failed_at: Option<DateTime<Utc>>,
+    pub enqueued_at: Option<DateTime<Utc>>,
+    /// User headers, message attributes or Kafka headers, typed and in order.
+    pub headers: Headers,
+    /// What only one broker has: AMQP properties, Kafka key, SQS system attributes.
+    pub extras: Headers,
+    /// `None` is a Kafka null value (tombstone), distinct from an empty body.
+    pub body: Option<Vec<u8>>,
+}
+
+impl DeadLetter {
+    pub fn body_bytes(&self) -> &[u8] {
+        self.body.as_deref().unwrap_or_default()
+    }
+
+    /// The time it most recently died, which is what "age" means in every verb.
+    pub fn failed_at(&self) -> Option<DateTime<Utc>> {
+        self.last_failed_at
+            .or(self.first_failed_at)
+            .or(self.enqueued_at)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum BodyEncoding {
+    Utf8,
+    Base64,
+}
+
+impl Serialize for DeadLetter {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut st = s.serialize_struct("DeadLetter", 14)?;
+        st.serialize_field("schema", SCHEMA)?;
+        st.serialize_field("id", &self.id)?;
+        if let Some(broker) = &self.broker {
+            st.serialize_field("broker", broker)?;
+        }
+        if let Some(dlq) = &self.dlq {
+            st.serialize_field("dlq", dlq)?;
+        }
+        st.serialize_field("source", &self.source)?;
+        st.serialize_field("reason", &self.reason)?;
+        if let Some(n) = self.failure_count {
+            st.serialize_field("failure_count", &n)?;
+        }
+        for (name, time) in [
+            ("first_failed_at", &self.first_failed_at),
+            ("last_failed_at", &self.last_failed_at),
+            ("enqueued_at", &self.enqueued_at),
+        ] {
+            if let Some(t) = time {
+                st.serialize_field(name, &format_time(t))?;
+            }
+        }
+        st.serialize_field("headers", &self.headers)?;
+        if !self.extras.is_empty() {
+            st.serialize_field("extras", &self.extras)?;
+        }
+        match self.body.as_deref().map(std::str::from_utf8) {
+            None => {
+                st.serialize_field("body", &())?;
+            }
+            Some(Ok(text)) => {
+                st.serialize_field("body", text)?;
+                st.serialize_field("body_encoding", &BodyEncoding::Utf8)?;
+            }
+            Some(Err(_)) => {
+                st.serialize_field("body", &BASE64.encode(self.body_bytes()))?;
+                st.serialize_field("body_encoding", &BodyEncoding::Base64)?;
+            }
+        }
+        st.end()
+    }
+}
+
+/// The archive line as read, before the body is decoded and the schema checked.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ArchiveLine {
+    schema: String,
+    id: String,
+    #[serde(default)]
+    broker: Option<BrokerKind>,
+    #[serde(default)]
+    dlq: Option<String>,
+    #[serde(default)]
+    source: Source,
+    #[serde(default)]
+    reason: Reason,
+    #[serde(default)]
+    failure_count: Option<u64>,
+    #[serde(default, deserialize_with = "de_time")]
+    first_failed_at: Option<DateTime<Utc>>,
+    #[serde(default, deserialize_with = "de_time")]
+    last_failed_at: Option<DateTime<Utc>>,
+    #[serde(default, deserialize_with = "de_time")]
+    enqueued_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    headers: Headers,
+    #[serde(default)]
+    extras: Headers,
+    body: Option<String>,
+    #[serde(default)]
+    body_encoding: Option<BodyEncoding>,
+}
+
+fn de_time<'de, D: Deserializer<'de>>(d: D) -> Result<Option<DateTime<Utc>>, D::Error> {
+    Option::<&str>::deserialize(d)?
+        .map(|s| parse_time(s).map_err(de::Error::custom))
+        .transpose()
+}
+
+impl<'de> Deserialize<'de> for DeadLetter {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let line = ArchiveLine::deserialize(d)?;
+        if line.schema != SCHEMA {
+            return Err(de::Error::custom(format!(
+                "unsupported schema {:?} (this dlqctl reads {SCHEMA})",
+                line.schema
+            )));
+        }
+        let body = match (line.body, line.body_encoding) {
+            (None, _) => None,
+            (Some(text), None | Some(BodyEncoding::Utf8)) => Some(text.into_bytes()),
+            (Some(text), Some(BodyEncoding::Base64)) => Some(
+                BASE64
+                    .decode(text.as_bytes())
+                    .map_err(|e| de::Error::custom(format!("body is not valid base64: {e}")))?,
+            ),
+        };
+        Ok(DeadLetter {
+            id: line.id,
+            broker: line.broker,
+            dlq: line.dlq,
+            source: line.source,
+            reason: line.reason,
+            failure_count: line.failure_count,
+            first_failed_at: line.first_failed_at,
+            last_failed_at: line.last_failed_at,
+            enqueued_at: line.enqueued_at,
+            headers: line.headers,
+            extras: line.extras,
+            body,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(letter: &DeadLetter) -> DeadLetter {
+        let line = serde_json::to_string(letter).unwrap();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    }
+
+    fn t(s: &str) -> DateTime<Utc> {
+        parse_time(s).unwrap()
+    }
+
+    fn rich_letter() -> DeadLetter {
+        let death = Headers::new()
+            .with("count", 2i64)
+            .with("reason", "rejected")
+            .with("queue", "orders")
+            .with("time", t("2026-11-29T10:00:00Z"))
+            .with("routing-keys", vec![Value::from("order.created")]);
+        DeadLetter {
+            id: "m-1".into(),
+            broker: Some(BrokerKind::Rabbitmq),
+            dlq: Some("orders.dlq".into()),
+            source: Source {
+                name: Some("orders".into()),
+                exchange: Some("orders".into()),
+                routing_keys: vec!["order.created".into()],
+                ..Source::default()
+            },
+            reason: Reason {
+                raw: Some("rejected".into()),
+                ..Reason::new(ReasonKind::Rejected)
+            },
+            failure_count: Some(2),
+            first_failed_at: Some(t("2026-11-29T09:00:00Z")),
+            last_failed_at: Some(t("2026-11-29T10:00:00.123456Z")),
+            enqueued_at: None,
+            headers: Headers::new()
+                .with("x-death", vec![Value::Table(death)])
+                .with("bin", vec![0u8, 159, 146, 150])
+                .with("ratio", Value::Float(2.0))
+                .with("nan", Value::Float(f64::INFINITY))
+                .with("flag", true)
+                .with("nothing", Value::Null)
+                .with("dup", "a")
+                .with("dup", "b")
+                .with(
+                    "escaped",
+                    Value::Table(Headers::new().with("$bytes", "not base64!")),
+                )
+                .with(
+                    "plain",
+                    Value::Table(Headers::new().with("$bytes", "x").with("y", 1i64)),
+                ),
+            extras: Headers::new().with("key", vec![1u8, 2, 3]),
+            body: Some(vec![0xff, 0x00, 0x41]),
+        }
+    }
+
+    #[test]
+    fn round_trip_is_lossless_for_typed_headers_and_binary_bodies() {
+        let letter = rich_letter();
+        assert_eq!(round_trip(&letter), letter);
+    }
+
+    #[test]
+    fn body_is_text_when_utf8_and_base64_otherwise() {
+        let mut letter = rich_letter();
+        let json: serde_json::Value = serde_json::to_value(&letter).unwrap();
+        assert_eq!(json["body_encoding"], "base64");
+        assert_eq!(json["body"], "/wBB");
+
+        letter.body = Some(b"{\"a\":1}".to_vec());
+        let json: serde_json::Value = serde_json::to_value(&letter).unwrap();
+        assert_eq!(json["body_encoding"], "utf8");
+        assert_eq!(json["body"], "{\"a\":1}");
+        assert_eq!(json["schema"], SCHEMA);
+    }
+
+    #[test]
+    fn null_and_empty_bodies_stay_distinct() {
+        let mut letter = rich_letter();
+        letter.body = None;
+        assert_eq!(round_trip(&letter).body, None);
+        letter.body = Some(Vec::new());
+        assert_eq!(round_trip(&letter).body, Some(Vec::new()));
+    }
+
+    #[test]
+    fn headers_keep_their_order_and_repeats() {
+        let letter = round_trip(&rich_letter());
+        let names: Vec<_> = letter.headers.iter().map(|(k, _)| k).collect();
+        assert_eq!(
+            names,
+            [
+                "x-death", "bin", "ratio", "nan", "flag", "nothing", "dup", "dup", "escaped",
+                "plain"
+            ]
+        );
+    }
+
+    #[test]
+    fn tagged_values_are_readable_json() {
+        let json = serde_json::to_string(&rich_letter().headers).unwrap();
+        assert!(json.contains(r#""bin":{"$bytes":"AJ+Slg=="}"#), "{json}");
+        assert!(
+            json.contains(r#""time":{"$timestamp":"2026-11-29T10:00:00Z"}"#),
+            "{json}"
+        );
+        assert!(json.contains(r#""ratio":2.0"#), "{json}");
+        assert!(
+            json.contains(r#""escaped":{"$table":{"$bytes":"not base64!"}}"#),
+            "{json}"
+        );
+    }
+
+    #[test]
+    fn other_schemas_are_refused_by_name() {
+        let err = serde_json::from_str::<DeadLetter>(
+            r#"{"schema":"dlqctl/dead-letter/v9","id":"x","body":""}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("dlqctl/dead-letter/v9"), "{err}");
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let err = serde_json::from_str::<DeadLetter>(
+            r#"{"schema":"dlqctl/dead-letter/v1","id":"x","bdy":""}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("bdy"), "{err}");
+    }
+}

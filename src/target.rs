@@ -1,0 +1,628 @@
+//! Addressing: one string names a DLQ (or, for `list` and `lint`, a whole broker).
+//!
+//! Parsing is ours rather than the `url` crate's because Kafka targets carry several
+//! `host:port` pairs in the authority, which no URL parser accepts.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
+
+use crate::error::{Error, Result};
+
+/// A password or token: printable only as `****`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+
+    /// The only way to read the secret, so every use is easy to find.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("****")
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Target {
+    Archive(ArchiveTarget),
+    Rabbitmq(RabbitmqTarget),
+    Sqs(SqsTarget),
+    Kafka(KafkaTarget),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ArchiveTarget {
+    File(PathBuf),
+    Stdin,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RabbitmqTarget {
+    pub user: String,
+    pub password: Option<Secret>,
+    pub host: String,
+    pub port: u16,
+    pub vhost: String,
+    /// `None` names the whole vhost (for `list` and `lint`).
+    pub queue: Option<String>,
+    /// Management HTTP API base URL; defaults to `http://HOST:15672`.
+    pub management: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SqsTarget {
+    /// `None` names every queue in the account and region (for `list` and `lint`).
+    pub queue: Option<SqsQueue>,
+    pub region: Option<String>,
+    pub endpoint: Option<String>,
+    pub prefix: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum SqsQueue {
+    Name(String),
+    Url(String),
+    Arn(String),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct KafkaTarget {
+    pub bootstrap: Vec<String>,
+    /// `None` names the whole cluster (for `list` and `lint`).
+    pub topic: Option<String>,
+    pub group: String,
+}
+
+pub const DEFAULT_KAFKA_GROUP: &str = "dlqctl";
+const RABBITMQ_DEFAULT_PORT: u16 = 5672;
+const KAFKA_DEFAULT_PORT: u16 = 9092;
+
+const FORMS: &str = "rabbitmq://USER:PASS@HOST:PORT/VHOST/QUEUE, sqs://QUEUE, an SQS queue URL or ARN, \
+                     kafka://HOST:PORT/TOPIC, or a .jsonl archive";
+
+impl Target {
+    /// Parse a target string. Named targets from the config file are resolved by the caller
+    /// (see [`crate::config::Config::resolve`]); this sees only literal addresses.
+    pub fn parse(input: &str) -> Result<Target> {
+        if input == "-" {
+            return Ok(Target::Archive(ArchiveTarget::Stdin));
+        }
+        if input.starts_with("arn:") {
+            return parse_sqs_arn(input);
+        }
+        let Some((scheme, rest)) = input.split_once("://") else {
+            return Ok(Target::Archive(ArchiveTarget::File(PathBuf::from(input))));
+        };
+        let parts = UrlParts::split(rest);
+        let shown = mask_input(input);
+        match scheme.to_ascii_lowercase().as_str() {
+            "rabbitmq" | "amqp" => parse_rabbitmq(&parts, &shown),
+            "sqs" => parse_sqs(&parts, &shown),
+            "http" | "https" => Ok(Target::Sqs(SqsTarget {
+                queue: Some(SqsQueue::Url(input.to_owned())),
+                region: None,
+                endpoint: None,
+                prefix: None,
+            })),
+            "kafka" => parse_kafka(&parts, &shown),
+            "file" => Ok(Target::Archive(ArchiveTarget::File(PathBuf::from(rest)))),
+            other => Err(Error::Usage(format!(
+                "unknown scheme {other:?} in target {shown:?}: use {FORMS}"
+            ))),
+        }
+    }
+
+    /// True when the target names one DLQ rather than a whole broker.
+    pub fn names_a_dlq(&self) -> bool {
+        match self {
+            Target::Archive(_) => true,
+            Target::Rabbitmq(t) => t.queue.is_some(),
+            Target::Sqs(t) => t.queue.is_some(),
+            Target::Kafka(t) => t.topic.is_some(),
+        }
+    }
+
+    pub fn scheme(&self) -> &'static str {
+        match self {
+            Target::Archive(_) => "archive",
+            Target::Rabbitmq(_) => "rabbitmq",
+            Target::Sqs(_) => "sqs",
+            Target::Kafka(_) => "kafka",
+        }
+    }
+}
+
+/// The canonical form, with the password masked: safe for output, logs and errors.
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Archive(ArchiveTarget::Stdin) => f.write_str("-"),
+            Target::Archive(ArchiveTarget::File(p)) => write!(f, "{}", p.display()),
+            Target::Rabbitmq(t) => {
+                write!(f, "rabbitmq://{}", encode(&t.user))?;
+                if t.password.is_some() {
+                    f.write_str(":****")?;
+                }
+                write!(f, "@{}:{}/{}", t.host, t.port, encode(&t.vhost))?;
+                if let Some(q) = &t.queue {
+                    write!(f, "/{}", encode(q))?;
+                }
+                if let Some(m) = &t.management {
+                    write!(f, "?management={}", mask_input(m))?;
+                }
+                Ok(())
+            }
+            Target::Sqs(t) => {
+                match &t.queue {
+                    Some(SqsQueue::Url(u)) | Some(SqsQueue::Arn(u)) => return f.write_str(u),
+                    Some(SqsQueue::Name(n)) => write!(f, "sqs://{n}")?,
+                    None => f.write_str("sqs://")?,
+                }
+                let query: Vec<String> = [
+                    ("region", &t.region),
+                    ("endpoint", &t.endpoint),
+                    ("prefix", &t.prefix),
+                ]
+                .into_iter()
+                .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={v}")))
+                .collect();
+                if !query.is_empty() {
+                    write!(f, "?{}", query.join("&"))?;
+                }
+                Ok(())
+            }
+            Target::Kafka(t) => {
+                write!(f, "kafka://{}", t.bootstrap.join(","))?;
+                if let Some(topic) = &t.topic {
+                    write!(f, "/{topic}")?;
+                }
+                if t.group != DEFAULT_KAFKA_GROUP {
+                    write!(f, "?group={}", t.group)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Characters escaped in a printed vhost or queue name, so the printed target parses back.
+const PATH_SEGMENT: &AsciiSet = &CONTROLS
+    .add(b'/')
+    .add(b'%')
+    .add(b'?')
+    .add(b'#')
+    .add(b' ')
+    .add(b'@')
+    .add(b':');
+
+fn encode(s: &str) -> String {
+    utf8_percent_encode(s, PATH_SEGMENT).to_string()
+}
+
+fn decode(s: &str, what: &str, shown: &str) -> Result<String> {
+    percent_decode_str(s)
+        .decode_utf8()
+        .map(|c| c.into_owned())
+        .map_err(|_| {
+            Error::Usage(format!(
+                "{what} {s:?} in target {shown:?} is not valid percent-encoded UTF-8"
+            ))
+        })
+}
+
+/// Replace the password part of `scheme://user:password@host...` with `****`.
+pub fn mask_input(input: &str) -> String {
+    let Some((scheme, rest)) = input.split_once("://") else {
+        return input.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let Some(at) = authority.rfind('@') else {
+        return input.to_owned();
+    };
+    let userinfo = &authority[..at];
+    let Some((user, _password)) = userinfo.split_once(':') else {
+        return input.to_owned();
+    };
+    format!("{scheme}://{user}:****{}", &rest[at..])
+}
+
+struct UrlParts<'a> {
+    userinfo: Option<&'a str>,
+    hosts: &'a str,
+    path: &'a str,
+    query: &'a str,
+}
+
+impl<'a> UrlParts<'a> {
+    fn split(rest: &'a str) -> Self {
+        let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, path) = before_query.split_once('/').unwrap_or((before_query, ""));
+        let (userinfo, hosts) = match authority.rfind('@') {
+            Some(at) => (Some(&authority[..at]), &authority[at + 1..]),
+            None => (None, authority),
+        };
+        UrlParts {
+            userinfo,
+            hosts,
+            path,
+            query,
+        }
+    }
+
+    fn path_segments(&self) -> Vec<&'a str> {
+        self.path.split('/').filter(|s| !s.is_empty()).collect()
+    }
+
+    /// `key=value` pairs; a key outside `allowed` is an error naming it.
+    fn query_pairs(&self, allowed: &[&str], shown: &str) -> Result<Vec<(&'a str, String)>> {
+        let mut pairs = Vec::new();
+        for pair in self.query.split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if !allowed.contains(&key) {
+                return Err(Error::Usage(format!(
+                    "unknown option {key:?} in target {shown:?}: expected {}",
+                    allowed.join(", ")
+                )));
+            }
+            pairs.push((key, decode(value, key, shown)?));
+        }
+        Ok(pairs)
+    }
+}
+
+fn parse_host_port(hostport: &str, default_port: u16, shown: &str) -> Result<(String, u16)> {
+    let (host, port) = match hostport.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(']') || hostport.starts_with('[') => (h, Some(p)),
+        _ => (hostport, None),
+    };
+    if host.is_empty() {
+        return Err(Error::Usage(format!("missing host in target {shown:?}")));
+    }
+    let port = match port {
+        None => default_port,
+        Some(p) => p.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
+            Error::Usage(format!(
+                "port {p:?} in target {shown:?} is not a number from 1 to 65535"
+            ))
+        })?,
+    };
+    Ok((host.to_owned(), port))
+}
+
+fn parse_rabbitmq(parts: &UrlParts, shown: &str) -> Result<Target> {
+    let (user, password) = match parts.userinfo {
+        None => ("guest".to_owned(), None),
+        Some(info) => match info.split_once(':') {
+            Some((u, p)) => (
+                decode(u, "user", shown)?,
+                Some(Secret::new(decode(p, "password", shown)?)),
+            ),
+            None => (decode(info, "user", shown)?, None),
+        },
+    };
+    let (host, port) = parse_host_port(parts.hosts, RABBITMQ_DEFAULT_PORT, shown)?;
+    let segments = parts.path_segments();
+    if segments.len() > 2 {
+        return Err(Error::Usage(format!(
+            "unexpected {:?} in target {shown:?}: expected rabbitmq://USER:PASS@HOST:PORT/VHOST/QUEUE \
+             (percent-encode a / inside a vhost or queue name as %2f)",
+            segments[2..].join("/")
+        )));
+    }
+    let vhost = match segments.first() {
+        Some(v) => decode(v, "vhost", shown)?,
+        None => "/".to_owned(),
+    };
+    let queue = segments
+        .get(1)
+        .map(|q| decode(q, "queue", shown))
+        .transpose()?;
+    if let Some(q) = &queue {
+        check_amqp_name(q, "queue", shown)?;
+    }
+    check_amqp_name(&vhost, "vhost", shown)?;
+    let mut management = None;
+    for (key, value) in parts.query_pairs(&["management"], shown)? {
+        if key == "management" {
+            management = Some(value);
+        }
+    }
+    Ok(Target::Rabbitmq(RabbitmqTarget {
+        user,
+        password,
+        host,
+        port,
+        vhost,
+        queue,
+        management,
+    }))
+}
+
+/// AMQP short strings hold at most 255 bytes; refuse longer names before any client sees them.
+fn check_amqp_name(name: &str, what: &str, shown: &str) -> Result<()> {
+    if name.len() > 255 {
+        return Err(Error::Usage(format!(
+            "{what} name in target {shown:?} is {} bytes long; AMQP allows at most 255",
+            name.len()
+        )));
+    }
+    Ok(())
+}
+
+fn parse_sqs(parts: &UrlParts, shown: &str) -> Result<Target> {
+    if parts.userinfo.is_some() {
+        return Err(Error::Usage(format!(
+            "credentials do not belong in an SQS target ({shown:?}): use the AWS credential chain \
+             (AWS_PROFILE, environment, SSO)"
+        )));
+    }
+    if !parts.path_segments().is_empty() {
+        return Err(Error::Usage(format!(
+            "unexpected path {:?} in target {shown:?}: expected sqs://QUEUE_NAME",
+            parts.path
+        )));
+    }
+    let queue = match parts.hosts {
+        "" => None,
+        name => {
+            check_sqs_name(name, shown)?;
+            Some(SqsQueue::Name(name.to_owned()))
+        }
+    };
+    let mut target = SqsTarget {
+        queue,
+        region: None,
+        endpoint: None,
+        prefix: None,
+    };
+    for (key, value) in parts.query_pairs(&["region", "endpoint", "prefix"], shown)? {
+        match key {
+            "region" => target.region = Some(value),
+            "endpoint" => target.endpoint = Some(value),
+            _ => target.prefix = Some(value),
+        }
+    }
+    if target.prefix.is_some() && target.queue.is_some() {
+        return Err(Error::Usage(format!(
+            "?prefix= lists queues and goes with sqs:// alone, not with a queue name ({shown:?})"
+        )));
+    }
+    Ok(Target::Sqs(target))
+}
+
+fn check_sqs_name(name: &str, shown: &str) -> Result<()> {
+    let stem = name.strip_suffix(".fifo").unwrap_or(name);
+    let valid = !stem.is_empty()
+        && name.len() <= 80
+        && stem
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if valid {
+        Ok(())
+    } else {
+        Err(Error::Usage(format!(
+            "queue name {name:?} in target {shown:?} is not a valid SQS name (1-80 letters, digits, - and _, \
+             optionally ending in .fifo)"
+        )))
+    }
+}
+
+fn parse_sqs_arn(input: &str) -> Result<Target> {
+    // arn:PARTITION:sqs:REGION:ACCOUNT:NAME
+    let fields: Vec<&str> = input.split(':').collect();
+    if fields.len() != 6 || fields[2] != "sqs" {
+        return Err(Error::Usage(format!(
+            "{input:?} is not an SQS queue ARN (arn:aws:sqs:REGION:ACCOUNT:QUEUE)"
+        )));
+    }
+    check_sqs_name(fields[5], input)?;
+    Ok(Target::Sqs(SqsTarget {
+        queue: Some(SqsQueue::Arn(input.to_owned())),
+        region: Some(fields[3].to_owned()),
+        endpoint: None,
+        prefix: None,
+    }))
+}
+
+fn parse_kafka(parts: &UrlParts, shown: &str) -> Result<Target> {
+    if parts.userinfo.is_some() {
+        return Err(Error::Usage(format!(
+            "credentials do not belong in a Kafka target ({shown:?}): put SASL settings in the config file"
+        )));
+    }
+    let mut bootstrap = Vec::new();
+    for hostport in parts.hosts.split(',') {
+        let (host, port) = parse_host_port(hostport, KAFKA_DEFAULT_PORT, shown)?;
+        bootstrap.push(format!("{host}:{port}"));
+    }
+    let segments = parts.path_segments();
+    if segments.len() > 1 {
+        return Err(Error::Usage(format!(
+            "unexpected {:?} in target {shown:?}: expected kafka://HOST:PORT[,HOST:PORT]/TOPIC",
+            segments[1..].join("/")
+        )));
+    }
+    let topic = segments.first().map(|t| (*t).to_owned());
+    if let Some(t) = &topic {
+        let valid = t.len() <= 249
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        if !valid {
+            return Err(Error::Usage(format!(
+                "topic {t:?} in target {shown:?} is not a valid Kafka topic name (letters, digits, . _ -)"
+            )));
+        }
+    }
+    let mut group = DEFAULT_KAFKA_GROUP.to_owned();
+    for (_, value) in parts.query_pairs(&["group"], shown)? {
+        group = value;
+    }
+    Ok(Target::Kafka(KafkaTarget {
+        bootstrap,
+        topic,
+        group,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage_error(input: &str) -> String {
+        match Target::parse(input) {
+            Err(Error::Usage(msg)) => msg,
+            other => panic!("expected a usage error for {input:?}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn rabbitmq_queue_with_encoded_vhost() {
+        let Target::Rabbitmq(t) =
+            Target::parse("rabbitmq://ops:s3cret@mq.internal:5673/%2f/orders.dlq").unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(t.user, "ops");
+        assert_eq!(t.password.as_ref().unwrap().expose(), "s3cret");
+        assert_eq!((t.host.as_str(), t.port), ("mq.internal", 5673));
+        assert_eq!(t.vhost, "/");
+        assert_eq!(t.queue.as_deref(), Some("orders.dlq"));
+    }
+
+    #[test]
+    fn rabbitmq_broker_level_defaults() {
+        let target = Target::parse("rabbitmq://guest:guest@localhost").unwrap();
+        assert!(!target.names_a_dlq());
+        let Target::Rabbitmq(t) = target else {
+            panic!()
+        };
+        assert_eq!((t.port, t.vhost.as_str()), (5672, "/"));
+    }
+
+    #[test]
+    fn rabbitmq_management_override() {
+        let Target::Rabbitmq(t) =
+            Target::parse("rabbitmq://u:p@h:5672/prod/q?management=https://mgmt:443").unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(t.management.as_deref(), Some("https://mgmt:443"));
+        assert_eq!(t.vhost, "prod");
+    }
+
+    #[test]
+    fn display_masks_the_password_and_parses_back() {
+        let target = Target::parse("rabbitmq://ops:s3cret@mq:5672/%2f/orders.dlq").unwrap();
+        let shown = target.to_string();
+        assert_eq!(shown, "rabbitmq://ops:****@mq:5672/%2F/orders.dlq");
+        assert!(!format!("{target:?}").contains("s3cret"));
+        let Target::Rabbitmq(back) = Target::parse(&shown).unwrap() else {
+            panic!()
+        };
+        assert_eq!(back.vhost, "/");
+    }
+
+    #[test]
+    fn errors_name_the_bad_part_without_the_password() {
+        let msg = usage_error("rabbitmq://ops:s3cret@mq:56x2/%2f/q");
+        assert!(msg.contains("\"56x2\""), "{msg}");
+        assert!(!msg.contains("s3cret"), "{msg}");
+        let msg = usage_error("rabbitmq://ops:s3cret@mq/v/q/extra");
+        assert!(
+            msg.contains("\"extra\"") && !msg.contains("s3cret"),
+            "{msg}"
+        );
+        let msg = usage_error("rabbitmq://ops:s3cret@mq/v/q?tls=1");
+        assert!(msg.contains("\"tls\"") && !msg.contains("s3cret"), "{msg}");
+    }
+
+    #[test]
+    fn overlong_amqp_names_are_refused() {
+        let long = "q".repeat(256);
+        assert!(usage_error(&format!("rabbitmq://h/v/{long}")).contains("255"));
+    }
+
+    #[test]
+    fn unknown_scheme_names_the_scheme_and_the_forms() {
+        let msg = usage_error("redis://localhost/q");
+        assert!(
+            msg.contains("\"redis\"") && msg.contains("kafka://"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn sqs_forms() {
+        let Target::Sqs(t) =
+            Target::parse("sqs://orders-dlq?region=eu-west-1&endpoint=http://127.0.0.1:4566")
+                .unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(t.queue, Some(SqsQueue::Name("orders-dlq".into())));
+        assert_eq!(t.region.as_deref(), Some("eu-west-1"));
+        assert_eq!(t.endpoint.as_deref(), Some("http://127.0.0.1:4566"));
+
+        assert!(!Target::parse("sqs://?prefix=orders").unwrap().names_a_dlq());
+        let Target::Sqs(t) =
+            Target::parse("arn:aws:sqs:us-east-1:123456789012:orders-dlq.fifo").unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(t.region.as_deref(), Some("us-east-1"));
+        let url = "https://sqs.us-east-1.amazonaws.com/123456789012/orders-dlq";
+        let Target::Sqs(t) = Target::parse(url).unwrap() else {
+            panic!()
+        };
+        assert_eq!(t.queue, Some(SqsQueue::Url(url.into())));
+    }
+
+    #[test]
+    fn sqs_bad_names_and_credentials() {
+        assert!(usage_error("sqs://orders dlq").contains("not a valid SQS name"));
+        assert!(usage_error("sqs://key:secret@orders").contains("credential chain"));
+        assert!(usage_error("arn:aws:sns:us-east-1:1:topic").contains("not an SQS queue ARN"));
+    }
+
+    #[test]
+    fn kafka_several_bootstrap_servers_and_group() {
+        let Target::Kafka(t) = Target::parse("kafka://k1:9092,k2/orders.DLT?group=ops").unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(t.bootstrap, ["k1:9092", "k2:9092"]);
+        assert_eq!(t.topic.as_deref(), Some("orders.DLT"));
+        assert_eq!(t.group, "ops");
+        assert!(usage_error("kafka://k1/orders dlt").contains("not a valid Kafka topic"));
+        assert!(usage_error("kafka://k1:99999/t").contains("99999"));
+    }
+
+    #[test]
+    fn paths_and_stdin_are_archives() {
+        assert_eq!(
+            Target::parse("-").unwrap(),
+            Target::Archive(ArchiveTarget::Stdin)
+        );
+        assert_eq!(
+            Target::parse("examples/orders-dlq.jsonl").unwrap(),
+            Target::Archive(ArchiveTarget::File("examples/orders-dlq.jsonl".into()))
+        );
+    }
+
+    #[test]
+    fn mask_input_hides_only_the_password() {
+        assert_eq!(mask_input("amqp://u:p@h/v"), "amqp://u:****@h/v");
+        assert_eq!(mask_input("amqp://u@h/v"), "amqp://u@h/v");
+        assert_eq!(mask_input("plain"), "plain");
+    }
+}
