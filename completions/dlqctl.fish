@@ -1,0 +1,89 @@
+# Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
+function __fish_dlqctl_global_optspecs
+    string join \n o/output= color= config= q/quiet h/help V/version
+end
+
+function __fish_dlqctl_needs_command
+    # Figure out if the current invocation already has a command.
+    set -l cmd (commandline -opc)
+    set -e cmd[1]
+    argparse -s (__fish_dlqctl_global_optspecs) -- $cmd 2>/dev/null
+    or return
+    if set -q argv[1]
+        # Also print the command, so this can be used to figure out what it is.
+        echo $argv[1]
+        return 1
+    end
+    return 0
+end
+
+function __fish_dlqctl_using_subcommand
+    set -l cmd (__fish_dlqctl_needs_command)
+    test -z "$cmd"
+    and return 1
+    contains -- $cmd[1] $argv
+end
+
+complete -c dlqctl -n "__fish_dlqctl_needs_command" -s o -l output -d 'Output format' -r -f -a "table\t'Aligned columns for a terminal'
+json\t'Stable JSON: one object for reports, one line per message for streams'"
+complete -c dlqctl -n "__fish_dlqctl_needs_command" -l color -d 'When to colour output' -r -f -a "auto\t'Colour when stdout is a terminal and NO_COLOR is not set'
+always\t''
+never\t''"
+complete -c dlqctl -n "__fish_dlqctl_needs_command" -l config -d 'Config file with named targets and redaction rules [default: $XDG_CONFIG_HOME/dlqctl/config.toml]' -r -F
+complete -c dlqctl -n "__fish_dlqctl_needs_command" -s q -l quiet -d 'Print no notes on stderr, only errors'
+complete -c dlqctl -n "__fish_dlqctl_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c dlqctl -n "__fish_dlqctl_needs_command" -s V -l version -d 'Print version'
+complete -c dlqctl -n "__fish_dlqctl_needs_command" -f -a "list" -d 'Discover DLQs and the queues that feed them (for an archive: its one-line description)'
+complete -c dlqctl -n "__fish_dlqctl_needs_command" -f -a "peek" -d 'Look at dead letters without consuming them'
+complete -c dlqctl -n "__fish_dlqctl_needs_command" -f -a "summarize" -d 'Count dead letters by reason, source, exception or age'
+complete -c dlqctl -n "__fish_dlqctl_needs_command" -f -a "export" -d 'Stream every dead letter as JSONL, with bounded memory'
+complete -c dlqctl -n "__fish_dlqctl_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand list" -s o -l output -d 'Output format' -r -f -a "table\t'Aligned columns for a terminal'
+json\t'Stable JSON: one object for reports, one line per message for streams'"
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand list" -l color -d 'When to colour output' -r -f -a "auto\t'Colour when stdout is a terminal and NO_COLOR is not set'
+always\t''
+never\t''"
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand list" -l config -d 'Config file with named targets and redaction rules [default: $XDG_CONFIG_HOME/dlqctl/config.toml]' -r -F
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand list" -s q -l quiet -d 'Print no notes on stderr, only errors'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand list" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -s n -l limit -d 'How many dead letters to show' -r
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l redact -d 'Replace a field\'s value before output: header.NAME, body.PATH (dotted), or NAME for both. Repeatable; adds to the config file\'s [redact] fields' -r
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -s o -l output -d 'Output format' -r -f -a "table\t'Aligned columns for a terminal'
+json\t'Stable JSON: one object for reports, one line per message for streams'"
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l color -d 'When to colour output' -r -f -a "auto\t'Colour when stdout is a terminal and NO_COLOR is not set'
+always\t''
+never\t''"
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l config -d 'Config file with named targets and redaction rules [default: $XDG_CONFIG_HOME/dlqctl/config.toml]' -r -F
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l skip-invalid -d 'Skip archive lines that are not dead letters, and report how many, instead of stopping'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l full -d 'Show whole bodies and every header instead of a one-line preview'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -s q -l quiet -d 'Print no notes on stderr, only errors'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -l by -d 'What to group by' -r -f -a "reason\t'The reason kind (rejected, expired, max_receive_count, exception, ...)'
+source\t'The queue or topic the message came from'
+exception\t'The exception class or error code'
+age\t'How long ago it died, in buckets'"
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -s o -l output -d 'Output format' -r -f -a "table\t'Aligned columns for a terminal'
+json\t'Stable JSON: one object for reports, one line per message for streams'"
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -l color -d 'When to colour output' -r -f -a "auto\t'Colour when stdout is a terminal and NO_COLOR is not set'
+always\t''
+never\t''"
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -l config -d 'Config file with named targets and redaction rules [default: $XDG_CONFIG_HOME/dlqctl/config.toml]' -r -F
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -l skip-invalid -d 'Skip archive lines that are not dead letters, and report how many, instead of stopping'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -s q -l quiet -d 'Print no notes on stderr, only errors'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l file -d 'Write to FILE instead of stdout; it appears only when the export is complete' -r -F
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l redact -d 'Replace a field\'s value before output: header.NAME, body.PATH (dotted), or NAME for both. Repeatable; adds to the config file\'s [redact] fields' -r
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -s o -l output -d 'Output format' -r -f -a "table\t'Aligned columns for a terminal'
+json\t'Stable JSON: one object for reports, one line per message for streams'"
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l color -d 'When to colour output' -r -f -a "auto\t'Colour when stdout is a terminal and NO_COLOR is not set'
+always\t''
+never\t''"
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l config -d 'Config file with named targets and redaction rules [default: $XDG_CONFIG_HOME/dlqctl/config.toml]' -r -F
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l skip-invalid -d 'Skip archive lines that are not dead letters, and report how many, instead of stopping'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -s q -l quiet -d 'Print no notes on stderr, only errors'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand help; and not __fish_seen_subcommand_from list peek summarize export help" -f -a "list" -d 'Discover DLQs and the queues that feed them (for an archive: its one-line description)'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand help; and not __fish_seen_subcommand_from list peek summarize export help" -f -a "peek" -d 'Look at dead letters without consuming them'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand help; and not __fish_seen_subcommand_from list peek summarize export help" -f -a "summarize" -d 'Count dead letters by reason, source, exception or age'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand help; and not __fish_seen_subcommand_from list peek summarize export help" -f -a "export" -d 'Stream every dead letter as JSONL, with bounded memory'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand help; and not __fish_seen_subcommand_from list peek summarize export help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

@@ -1,0 +1,32 @@
+//! The conformance suite: the same scenarios, written once against the `Broker` trait,
+//! run against every backend (as `object_store` does with its shared integration tests).
+//! A backend module only says how to make a DLQ holding given dead letters, then calls
+//! `conformance_suite!` with that fixture.
+
+mod scenarios;
+
+/// Instantiate every scenario as a test against `$fixture` (an expression building a
+/// fresh [`scenarios::Fixture`] for each test).
+macro_rules! conformance_suite {
+    ($fixture:expr) => {
+        conformance_suite!(@tests $fixture;
+            describe_reports_depth,
+            peek_returns_n_and_leaves_depth,
+            reasons_match_what_was_seeded,
+            export_round_trip_is_lossless,
+            settle_removes_exactly_the_settled,
+            release_leaves_them,
+            unsupported_is_not_supported,
+        );
+    };
+    (@tests $fixture:expr; $($scenario:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $scenario() {
+                crate::scenarios::$scenario(&$fixture).await;
+            }
+        )*
+    };
+}
+
+mod archive;

@@ -1,0 +1,184 @@
+//! Scenarios every backend must pass. Each takes a fixture that can create a fresh,
+//! isolated DLQ holding exactly the letters it is given.
+
+use async_trait::async_trait;
+use dlqctl::broker::{Broker, Handle};
+use dlqctl::error::Error;
+use dlqctl::model::{DeadLetter, Headers, Reason, ReasonKind, Source, Value};
+use futures::TryStreamExt;
+
+#[async_trait]
+pub trait Fixture: Sync {
+    /// A new DLQ, in its own namespace, holding `letters` in order.
+    async fn dlq_with(&self, letters: &[DeadLetter]) -> Box<dyn Broker>;
+}
+
+/// Letters with the shapes that break naive code: binary and empty bodies, typed and
+/// repeated headers, and a spread of reasons.
+pub fn seed_letters(n: usize) -> Vec<DeadLetter> {
+    let reasons = [
+        ReasonKind::Rejected,
+        ReasonKind::Expired,
+        ReasonKind::Exception,
+    ];
+    (0..n)
+        .map(|i| DeadLetter {
+            id: format!("conf-{i}"),
+            dlq: Some("conformance.dlq".into()),
+            source: Source {
+                name: Some("conformance".into()),
+                ..Source::default()
+            },
+            reason: Reason::new(reasons[i % reasons.len()]),
+            failure_count: Some(1),
+            headers: Headers::new()
+                .with("seq", i as i64)
+                .with("trace", format!("t-{i}"))
+                .with("bin", vec![0u8, 0xff, i as u8]),
+            body: Some(match i % 4 {
+                0 => vec![0xff, 0xfe, i as u8],
+                1 => Vec::new(),
+                _ => format!(r#"{{"order":{i}}}"#).into_bytes(),
+            }),
+            ..DeadLetter::default()
+        })
+        .collect()
+}
+
+async fn all(broker: &dyn Broker) -> Vec<DeadLetter> {
+    broker
+        .peek(None)
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap()
+}
+
+async fn depth(broker: &dyn Broker) -> u64 {
+    broker
+        .describe()
+        .await
+        .unwrap()
+        .depth
+        .expect("depth is known")
+}
+
+fn ids(letters: &[DeadLetter]) -> Vec<String> {
+    let mut ids: Vec<String> = letters.iter().map(|l| l.id.clone()).collect();
+    ids.sort();
+    ids
+}
+
+pub async fn describe_reports_depth(f: &impl Fixture) {
+    let broker = f.dlq_with(&seed_letters(7)).await;
+    assert_eq!(depth(broker.as_ref()).await, 7);
+}
+
+pub async fn peek_returns_n_and_leaves_depth(f: &impl Fixture) {
+    let broker = f.dlq_with(&seed_letters(10)).await;
+    let peeked: Vec<DeadLetter> = broker
+        .peek(Some(4))
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(peeked.len(), 4);
+    assert_eq!(depth(broker.as_ref()).await, 10);
+}
+
+pub async fn reasons_match_what_was_seeded(f: &impl Fixture) {
+    let seeded = seed_letters(9);
+    let broker = f.dlq_with(&seeded).await;
+    let count =
+        |letters: &[DeadLetter], kind| letters.iter().filter(|l| l.reason.kind == kind).count();
+    let read = all(broker.as_ref()).await;
+    for kind in [
+        ReasonKind::Rejected,
+        ReasonKind::Expired,
+        ReasonKind::Exception,
+    ] {
+        assert_eq!(count(&read, kind), count(&seeded, kind), "{kind}");
+    }
+}
+
+/// Read everything, write it as an archive, read that back: nothing changes.
+pub async fn export_round_trip_is_lossless(f: &impl Fixture) {
+    let broker = f.dlq_with(&seed_letters(8)).await;
+    let read = all(broker.as_ref()).await;
+    let mut archive = Vec::new();
+    for letter in &read {
+        serde_json::to_writer(&mut archive, letter).unwrap();
+        archive.push(b'\n');
+    }
+    let back: Vec<DeadLetter> = archive
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).unwrap())
+        .collect();
+    assert_eq!(back, read);
+    let bin = read[0].headers.get("bin").expect("binary header kept");
+    assert!(matches!(bin, Value::Bytes(_) | Value::String(_)), "{bin:?}");
+}
+
+pub async fn settle_removes_exactly_the_settled(f: &impl Fixture) {
+    let seeded = seed_letters(6);
+    let broker = f.dlq_with(&seeded).await;
+    let batch = broker.receive(4).await.unwrap();
+    assert_eq!(batch.len(), 4);
+    let (settle, keep): (Vec<_>, Vec<_>) =
+        batch.into_iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    let settle_handles: Vec<Handle> = settle.iter().map(|(_, r)| r.handle).collect();
+    broker.settle(&settle_handles).await.unwrap();
+    let keep_handles: Vec<Handle> = keep.iter().map(|(_, r)| r.handle).collect();
+    broker.release(&keep_handles).await.unwrap();
+
+    let remaining = ids(&all(broker.as_ref()).await);
+    let settled: Vec<String> = settle.iter().map(|(_, r)| r.letter.id.clone()).collect();
+    let mut expected: Vec<String> = seeded
+        .iter()
+        .map(|l| l.id.clone())
+        .filter(|id| !settled.contains(id))
+        .collect();
+    expected.sort();
+    assert_eq!(remaining, expected);
+
+    // A second settle after more receives still removes exactly its own messages.
+    let more = broker.receive(10).await.unwrap();
+    let last = more.last().expect("more to receive");
+    broker.settle(&[last.handle]).await.unwrap();
+    assert_eq!(
+        depth(broker.as_ref()).await,
+        (seeded.len() - settled.len() - 1) as u64
+    );
+}
+
+pub async fn release_leaves_them(f: &impl Fixture) {
+    let broker = f.dlq_with(&seed_letters(5)).await;
+    let batch = broker.receive(5).await.unwrap();
+    let handles: Vec<Handle> = batch.iter().map(|r| r.handle).collect();
+    broker.release(&handles).await.unwrap();
+    assert_eq!(ids(&all(broker.as_ref()).await), ids(&seed_letters(5)));
+}
+
+/// What a backend says it cannot do must fail as `NotSupported`, never succeed silently.
+pub async fn unsupported_is_not_supported(f: &impl Fixture) {
+    assert_not_supported_where_not_capable(f.dlq_with(&seed_letters(1)).await.as_ref()).await;
+}
+
+pub async fn assert_not_supported_where_not_capable(broker: &dyn Broker) {
+    let caps = broker.capabilities();
+    if !caps.consume {
+        for result in [
+            broker.receive(1).await.map(|_| ()),
+            broker.settle(&[]).await,
+            broker.release(&[]).await,
+        ] {
+            assert!(
+                matches!(result, Err(Error::NotSupported { .. })),
+                "{result:?}"
+            );
+        }
+    }
+}
