@@ -111,14 +111,11 @@ impl ArchiveBroker {
 }
 
 fn open_error(path: &Path, e: std::io::Error) -> Error {
-    Error::io(
-        format!(
-            "cannot open archive {} (a target is a .jsonl file, a URL such as rabbitmq://, sqs://, kafka://, \
-             or a name under [targets] in the config file)",
-            path.display()
-        ),
-        e,
-    )
+    Error::Runtime(format!(
+        "cannot open archive {}: {e} (a target is a .jsonl file, a URL such as rabbitmq://, sqs://, kafka://, \
+         or a name under [targets] in the config file)",
+        path.display()
+    ))
 }
 
 struct LineReader {

@@ -43,7 +43,7 @@ impl GroupBy {
         }
     }
 
-    fn key<'a>(self, letter: &'a DeadLetter, now: DateTime<Utc>) -> &'a str {
+    fn key(self, letter: &DeadLetter, now: DateTime<Utc>) -> &str {
         match self {
             GroupBy::Reason => letter.reason.kind.as_str(),
             GroupBy::Source => letter.source.name.as_deref().unwrap_or(NONE),
