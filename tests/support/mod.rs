@@ -1,0 +1,96 @@
+//! What tests that need a real broker share: finding it, and failing loudly when it is
+//! missing. Under CI (`CI=true`) a missing broker is always a failure; elsewhere a test
+//! may skip only when `DLQCTL_SKIP_BROKERS=1` is set, and says so.
+
+#![allow(dead_code)] // each test crate uses the part it needs
+
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TestBroker {
+    Rabbitmq,
+    Sqs,
+    Kafka,
+}
+
+impl TestBroker {
+    pub const ALL: [TestBroker; 3] = [TestBroker::Rabbitmq, TestBroker::Sqs, TestBroker::Kafka];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TestBroker::Rabbitmq => "RabbitMQ",
+            TestBroker::Sqs => "LocalStack (SQS)",
+            TestBroker::Kafka => "Tansu (Kafka)",
+        }
+    }
+
+    /// The loopback address `scripts/brokers up` starts it on (same environment overrides).
+    pub fn addr(self) -> SocketAddr {
+        let (var, default) = match self {
+            TestBroker::Rabbitmq => ("DLQCTL_RABBITMQ_PORT", 5672),
+            TestBroker::Sqs => ("DLQCTL_LOCALSTACK_PORT", 4566),
+            TestBroker::Kafka => ("DLQCTL_KAFKA_PORT", 9092),
+        };
+        let port = std::env::var(var)
+            .ok()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(default);
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+}
+
+/// The broker's address if it answers; `None` (skip) only outside CI with DLQCTL_SKIP_BROKERS=1;
+/// otherwise the calling test fails with a message that says how to start it.
+pub fn require(broker: TestBroker) -> Option<SocketAddr> {
+    let env_is = |name: &str, value: &str| std::env::var(name).is_ok_and(|v| v == value);
+    decide(
+        broker,
+        reachable(broker.addr()),
+        env_is("CI", "true"),
+        env_is("DLQCTL_SKIP_BROKERS", "1"),
+    )
+}
+
+fn reachable(addr: SocketAddr) -> bool {
+    TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_ok()
+}
+
+pub fn decide(
+    broker: TestBroker,
+    reachable: bool,
+    ci: bool,
+    skip_allowed: bool,
+) -> Option<SocketAddr> {
+    let addr = broker.addr();
+    if reachable {
+        return Some(addr);
+    }
+    if ci {
+        panic!(
+            "{} is not reachable at {addr} and CI=true: scripts/brokers up must run first",
+            broker.name()
+        );
+    }
+    if skip_allowed {
+        eprintln!(
+            "SKIPPED: {} is not reachable at {addr} (DLQCTL_SKIP_BROKERS=1)",
+            broker.name()
+        );
+        return None;
+    }
+    panic!(
+        "{} is not reachable at {addr}: run scripts/brokers up (or set DLQCTL_SKIP_BROKERS=1 to skip broker tests)",
+        broker.name()
+    );
+}
+
+/// The counts `scripts/brokers seed` wrote for the seeded story.
+pub fn seed_counts() -> serde_json::Value {
+    let dir = std::env::var("DLQCTL_BROKERS_DIR")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/target/brokers").to_owned());
+    let path = format!("{dir}/seed.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e}: run scripts/brokers seed"));
+    serde_json::from_str(&text).unwrap()
+}
