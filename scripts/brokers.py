@@ -5,6 +5,7 @@ dead letters (the broker itself dead-letters them wherever it can), and the exac
 are written to seed.json so tests can assert them.
 
 Usage: brokers.py check rabbitmq|sqs|kafka | index-tansu DB | seed --out FILE | reset
+       brokers.py fixture BROKER NAMESPACE < letters.jsonl | drop BROKER NAMESPACE
 """
 
 import argparse
@@ -72,9 +73,11 @@ def rabbitmq_connection(vhost="/"):
 
 
 def body_for(i, prefix):
-    """JSON mostly; every fourth binary, every seventh empty: the shapes that break tools."""
+    """JSON mostly; some plain text, binary and empty: the shapes that break tools."""
     if i % 7 == 6:
         return b""
+    if i % 5 == 2:
+        return ("order %s-%04d could not be parsed: unexpected end of input" % (prefix, i)).encode()
     if i % 4 == 3:
         return bytes([0x0A, 0x80, 0xFF, i % 256]) + b"\x00protobuf"
     return json.dumps({"type": "order.created", "order_id": "%s-%04d" % (prefix, i), "total": 10 + i}).encode()
@@ -427,6 +430,8 @@ def verify_kafka_depth(expected):
 
 
 def reset_kafka():
+    # Deleting any topic on Tansu 0.6.0 deletes all of them (see drop_namespace); for a reset
+    # that is what we want, so only "unknown topic" answers for the rest are tolerated below.
     admin = kafka_admin()
     existing = set(admin.list_topics(timeout=10).topics)
     doomed = [t for t in KAFKA_TOPICS if t in existing]
@@ -437,11 +442,112 @@ def reset_kafka():
             try:
                 f.result(timeout=30)
             except KafkaException as e:
-                # Tansu sometimes answers "unknown topic" for a topic it does delete.
+                # Already gone with the first deletion (see above).
                 if e.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
                     raise
         wait_for("topics to be deleted",
                  lambda: not set(doomed) & set(kafka_admin().list_topics(timeout=10).topics), timeout=30)
+
+
+# --- conformance fixtures: one isolated DLQ holding given letters, as real dead letters ----------
+
+def letters_from_jsonl(stream):
+    """(seq, body bytes or None, string/int headers) from dlqctl archive lines."""
+    out = []
+    for line in stream:
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        body = record.get("body")
+        if body is not None:
+            body = base64.b64decode(body) if record.get("body_encoding") == "base64" else body.encode()
+        headers = {k: v for k, v in record.get("headers", {}).items() if isinstance(v, (str, int)) and not isinstance(v, bool)}
+        out.append((headers.get("seq"), body, headers))
+    return out
+
+
+def fixture_rabbitmq(namespace, letters):
+    import pika
+
+    quote = urllib.parse.quote(namespace, safe="")
+    management("PUT", "/api/vhosts/" + quote)
+    management("PUT", "/api/permissions/%s/guest" % quote, {"configure": ".*", "write": ".*", "read": ".*"})
+    conn = rabbitmq_connection(namespace)
+    ch = conn.channel()
+    ch.queue_declare("dlq", durable=True)
+    ch.queue_declare("source", durable=True, arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"})
+    for seq, body, headers in letters:
+        ch.basic_publish("", "source", body or b"", pika.BasicProperties(
+            message_id="conf-%s" % seq, delivery_mode=2, headers=headers))
+    for _ in letters:
+        method = wait_for("a message in source", lambda: ch.basic_get("source")[0])
+        ch.basic_reject(method.delivery_tag, requeue=False)
+    wait_for("dlq to hold %d" % len(letters),
+             lambda: ch.queue_declare("dlq", passive=True).method.message_count == len(letters))
+    conn.close()
+    return "rabbitmq://guest:guest@127.0.0.1:%d/%s/dlq" % (RABBITMQ_PORT, quote)
+
+
+def fixture_sqs(namespace, letters):
+    sqs = aws("sqs")
+    dlq = sqs.create_queue(QueueName=namespace + "-dlq")["QueueUrl"]
+    dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    src = sqs.create_queue(QueueName=namespace + "-src", Attributes={
+        "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 1})})["QueueUrl"]
+    for seq, body, headers in letters:
+        # SQS bodies are non-empty text: an SQS DLQ never holds an empty or binary body.
+        try:
+            text = body.decode() if body else "(empty)"
+        except UnicodeDecodeError:
+            text = base64.b64encode(body).decode()
+        attributes = {k: {"DataType": "Number" if isinstance(v, int) else "String", "StringValue": str(v)}
+                      for k, v in headers.items()}
+        sqs.send_message(QueueUrl=src, MessageBody=text, MessageAttributes=attributes)
+
+    def moved():
+        sqs.receive_message(QueueUrl=src, MaxNumberOfMessages=10, VisibilityTimeout=0, WaitTimeSeconds=0)
+        a = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["ApproximateNumberOfMessages"])
+        return int(a["Attributes"]["ApproximateNumberOfMessages"]) == len(letters)
+
+    wait_for("SQS to dead-letter %d messages" % len(letters), moved)
+    return "sqs://%s-dlq?endpoint=%s&region=us-east-1" % (namespace, LOCALSTACK)
+
+
+def fixture_kafka(namespace, letters):
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import NewTopic
+
+    topic = namespace + ".DLT"
+    admin = kafka_admin()  # must outlive its futures
+    for f in admin.create_topics([NewTopic(topic, 1, 1)]).values():
+        f.result(timeout=30)
+    producer = Producer({"bootstrap.servers": KAFKA, "enable.idempotence": True, "acks": "all"})
+    for seq, body, headers in letters:
+        spring = [("kafka_dlt-exception-fqcn", b"java.lang.IllegalStateException"),
+                  ("kafka_dlt-original-topic", namespace.encode()),
+                  ("kafka_dlt-original-partition", struct.pack(">i", 0)),
+                  ("kafka_dlt-original-offset", struct.pack(">q", int(seq or 0)))]
+        producer.produce(topic, key=str(seq).encode(), value=body,
+                         headers=[(k, str(v).encode()) for k, v in headers.items()] + spring)
+    if producer.flush(30):
+        raise SystemExit("fixture: Kafka produce did not finish")
+    return "kafka://%s/%s" % (KAFKA, topic)
+
+
+def drop_namespace(broker, namespace):
+    if broker == "rabbitmq":
+        management("DELETE", "/api/vhosts/" + urllib.parse.quote(namespace, safe=""))
+    elif broker == "sqs":
+        sqs = aws("sqs")
+        for url in sqs.list_queues(QueueNamePrefix=namespace).get("QueueUrls", []):
+            sqs.delete_queue(QueueUrl=url)
+    # Kafka: nothing. Tansu 0.6.0's SQLite engine deletes every topic of the cluster when asked
+    # to delete one (topic_delete_by.sql matches on the cluster only), which would wipe the
+    # topics of tests running in parallel. Test topics have unique names and are cleared by
+    # the next `scripts/brokers seed` or `reset`.
+
+
+FIXTURES = {"rabbitmq": fixture_rabbitmq, "sqs": fixture_sqs, "kafka": fixture_kafka}
 
 
 # --- readiness checks and Tansu's index ------------------------------------------------------------
@@ -477,8 +583,18 @@ def main():
     sub.add_parser("index-tansu").add_argument("db")
     sub.add_parser("seed").add_argument("--out", required=True)
     sub.add_parser("reset")
+    fix = sub.add_parser("fixture", help="create NAMESPACE holding the JSONL letters on stdin; print its target")
+    fix.add_argument("broker", choices=sorted(FIXTURES))
+    fix.add_argument("namespace")
+    drop = sub.add_parser("drop", help="delete everything in NAMESPACE")
+    drop.add_argument("broker", choices=sorted(FIXTURES))
+    drop.add_argument("namespace")
     args = parser.parse_args()
-    if args.cmd == "check":
+    if args.cmd == "fixture":
+        print(FIXTURES[args.broker](args.namespace, letters_from_jsonl(sys.stdin)))
+    elif args.cmd == "drop":
+        drop_namespace(args.broker, args.namespace)
+    elif args.cmd == "check":
         check(args.broker)
     elif args.cmd == "index-tansu":
         index_tansu(args.db)

@@ -45,3 +45,26 @@ fn a_missing_broker_fails_outside_ci_unless_skipping_is_asked() {
     assert_eq!(decide(TestBroker::Rabbitmq, false, false, true), None);
     assert!(decide(TestBroker::Sqs, true, true, false).is_some());
 }
+
+#[test]
+fn fixtures_make_isolated_dlqs_of_real_dead_letters() {
+    let letters: Vec<dlqctl::model::DeadLetter> = (0..3)
+        .map(|i| dlqctl::model::DeadLetter {
+            id: format!("f-{i}"),
+            headers: dlqctl::model::Headers::new().with("seq", i as i64),
+            body: Some(format!("body {i}").into_bytes()),
+            ..Default::default()
+        })
+        .collect();
+    for broker in TestBroker::ALL {
+        if require(broker).is_none() {
+            continue;
+        }
+        let a = support::Namespace::create(broker, &letters);
+        let b = support::Namespace::create(broker, &letters);
+        assert_ne!(a.target, b.target, "each namespace is its own");
+        let target = dlqctl::target::Target::parse(&a.target).unwrap();
+        assert!(target.names_a_dlq(), "{}", a.target);
+        assert_eq!(target.scheme(), broker.key());
+    }
+}

@@ -3,6 +3,10 @@
 //! A backend module only says how to make a DLQ holding given dead letters, then calls
 //! `conformance_suite!` with that fixture.
 
+#[path = "../support/mod.rs"]
+mod support;
+
+mod brokers;
 mod scenarios;
 
 /// Instantiate every scenario as a test against `$fixture` (an expression building a

@@ -94,3 +94,71 @@ pub fn seed_counts() -> serde_json::Value {
         .unwrap_or_else(|e| panic!("{path}: {e}: run scripts/brokers seed"));
     serde_json::from_str(&text).unwrap()
 }
+
+impl TestBroker {
+    /// The name `scripts/brokers fixture` takes.
+    pub fn key(self) -> &'static str {
+        match self {
+            TestBroker::Rabbitmq => "rabbitmq",
+            TestBroker::Sqs => "sqs",
+            TestBroker::Kafka => "kafka",
+        }
+    }
+}
+
+/// An isolated namespace (vhost, queue-name prefix, topic prefix) on a test broker, holding
+/// the given letters as real dead letters; removed again when dropped.
+pub struct Namespace {
+    broker: TestBroker,
+    name: String,
+    /// The dlqctl target of its DLQ.
+    pub target: String,
+}
+
+impl Namespace {
+    pub fn create(broker: TestBroker, letters: &[dlqctl::model::DeadLetter]) -> Namespace {
+        use std::io::Write;
+        use std::process::{Command, Stdio};
+        use std::sync::atomic::{AtomicU32, Ordering};
+
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        // Unique across parallel tests and runs, and valid as a vhost, SQS name and topic.
+        let name = format!(
+            "dlqctl-t{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut child = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/brokers"))
+            .args(["fixture", broker.key(), &name])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("run scripts/brokers fixture");
+        let mut input = Vec::new();
+        for letter in letters {
+            serde_json::to_writer(&mut input, letter).unwrap();
+            input.push(b'\n');
+        }
+        child.stdin.take().unwrap().write_all(&input).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "scripts/brokers fixture {} {name} failed",
+            broker.key()
+        );
+        let target = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        Namespace {
+            broker,
+            name,
+            target,
+        }
+    }
+}
+
+impl Drop for Namespace {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/brokers"))
+            .args(["drop", self.broker.key(), &self.name])
+            .status();
+    }
+}
