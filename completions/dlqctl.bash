@@ -28,6 +28,9 @@ _dlqctl() {
             dlqctl,peek)
                 cmd="dlqctl__subcmd__peek"
                 ;;
+            dlqctl,redrive)
+                cmd="dlqctl__subcmd__redrive"
+                ;;
             dlqctl,summarize)
                 cmd="dlqctl__subcmd__summarize"
                 ;;
@@ -43,6 +46,9 @@ _dlqctl() {
             dlqctl__subcmd__help,peek)
                 cmd="dlqctl__subcmd__help__subcmd__peek"
                 ;;
+            dlqctl__subcmd__help,redrive)
+                cmd="dlqctl__subcmd__help__subcmd__redrive"
+                ;;
             dlqctl__subcmd__help,summarize)
                 cmd="dlqctl__subcmd__help__subcmd__summarize"
                 ;;
@@ -53,7 +59,7 @@ _dlqctl() {
 
     case "${cmd}" in
         dlqctl)
-            opts="-o -q -h -V --output --color --config --quiet --help --version list peek summarize export help"
+            opts="-o -q -h -V --output --color --config --quiet --help --version list peek summarize export redrive help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -83,12 +89,16 @@ _dlqctl() {
             return 0
             ;;
         dlqctl__subcmd__export)
-            opts="-o -q -h --skip-invalid --file --redact --output --color --config --quiet --help"
+            opts="-o -q -h --where --skip-invalid --file --redact --output --color --config --quiet --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --where)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --file)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -121,7 +131,7 @@ _dlqctl() {
             return 0
             ;;
         dlqctl__subcmd__help)
-            opts="list peek summarize export help"
+            opts="list peek summarize export redrive help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -190,6 +200,20 @@ _dlqctl() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        dlqctl__subcmd__help__subcmd__redrive)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         dlqctl__subcmd__help__subcmd__summarize)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
@@ -235,12 +259,16 @@ _dlqctl() {
             return 0
             ;;
         dlqctl__subcmd__peek)
-            opts="-n -o -q -h --skip-invalid --limit --full --redact --output --color --config --quiet --help"
+            opts="-n -o -q -h --where --skip-invalid --limit --full --redact --output --color --config --quiet --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --where)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --limit)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -276,13 +304,95 @@ _dlqctl() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
-        dlqctl__subcmd__summarize)
-            opts="-o -q -h --skip-invalid --by --output --color --config --quiet --help"
+        dlqctl__subcmd__redrive)
+            opts="-y -o -q -h --where --skip-invalid --to --limit --rate --batch --dry-run --plan-out --yes --note --audit-log --resume --max-redrives --retries --max-consecutive-failures --output --color --config --quiet --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --where)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --to)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --limit)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --rate)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --batch)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --plan-out)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --note)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --audit-log)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --resume)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-redrives)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --retries)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-consecutive-failures)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --output)
+                    COMPREPLY=($(compgen -W "table json" -- "${cur}"))
+                    return 0
+                    ;;
+                -o)
+                    COMPREPLY=($(compgen -W "table json" -- "${cur}"))
+                    return 0
+                    ;;
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        dlqctl__subcmd__summarize)
+            opts="-o -q -h --where --skip-invalid --by --output --color --config --quiet --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --where)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --by)
                     COMPREPLY=($(compgen -W "reason source exception age" -- "${cur}"))
                     return 0

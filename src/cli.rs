@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::output::{ColorChoice, Format};
+use crate::redrive::throttle::Rate;
 
 const TARGETS_HELP: &str = "\
 TARGETS:
@@ -20,7 +21,8 @@ EXIT CODES:
   0  success
   1  runtime failure: unreachable, not found, invalid data, partial failure
   2  usage error: bad flag, malformed target
-  3  lint findings at or above --fail-on";
+  3  lint findings at or above --fail-on
+  130  interrupted (Ctrl-C or SIGTERM) after finishing the messages in flight";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -68,6 +70,9 @@ pub enum Command {
     Summarize(SummarizeArgs),
     /// Stream every dead letter as JSONL, with bounded memory.
     Export(ExportArgs),
+    /// Move dead letters back to their source (or --to elsewhere), safely: plan, confirm,
+    /// throttle, confirm-before-settle, audit log, resumable.
+    Redrive(RedriveArgs),
 }
 
 /// What every reading verb takes.
@@ -76,6 +81,12 @@ pub struct ReadArgs {
     /// The DLQ to read (see TARGETS below).
     #[arg(value_name = "TARGET")]
     pub target: String,
+
+    /// Only messages matching EXPR; repeat to AND several. FIELD=VALUE, FIELD!=VALUE,
+    /// FIELD~REGEX, FIELD!~REGEX, age>2h, count>=3; fields: reason, exception, source, dlq, id,
+    /// count, age, header.NAME, body.PATH.
+    #[arg(long = "where", value_name = "EXPR")]
+    pub filters: Vec<String>,
 
     /// Skip archive lines that are not dead letters, and report how many, instead of stopping.
     #[arg(long)]
@@ -147,4 +158,64 @@ pub struct ExportArgs {
 
     #[command(flatten)]
     pub redact: RedactArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct RedriveArgs {
+    #[command(flatten)]
+    pub read: ReadArgs,
+
+    /// Send copies here instead of each message's own source: a .jsonl archive (replay into a
+    /// file) or another broker's target.
+    #[arg(long, value_name = "TARGET")]
+    pub to: Option<String>,
+
+    /// Move at most N messages.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub limit: Option<u64>,
+
+    /// Messages per second, evenly paced; 'unlimited' lifts the limit.
+    #[arg(long, value_name = "N|unlimited", default_value = "50")]
+    pub rate: Rate,
+
+    /// Messages taken from the DLQ and held unsettled at once (the most a crash can duplicate).
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub batch: u64,
+
+    /// Print what would move, and change nothing beyond what reading costs.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Save the plan, with the exact message ids, to FILE (JSONL).
+    #[arg(long, value_name = "FILE")]
+    pub plan_out: Option<PathBuf>,
+
+    /// Do not ask for confirmation (required when there is no terminal to ask on).
+    #[arg(short = 'y', long)]
+    pub yes: bool,
+
+    /// Why this redrive is done, for the audit log.
+    #[arg(long, value_name = "TEXT")]
+    pub note: Option<String>,
+
+    /// Audit log path [default: $XDG_STATE_HOME/dlqctl/runs/RUN.audit.jsonl]
+    #[arg(long, value_name = "FILE")]
+    pub audit_log: Option<PathBuf>,
+
+    /// Continue an interrupted run from its checkpoint, without publishing again what it
+    /// already had confirmed.
+    #[arg(long, value_name = "CHECKPOINT")]
+    pub resume: Option<PathBuf>,
+
+    /// Skip messages dlqctl has already redriven N times (loop guard).
+    #[arg(long, value_name = "N")]
+    pub max_redrives: Option<u64>,
+
+    /// Retries of a transient publish failure, with exponential backoff and jitter.
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    pub retries: u32,
+
+    /// Stop after N messages in a row failed every retry (the destination looks down).
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_consecutive_failures: u32,
 }

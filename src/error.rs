@@ -40,6 +40,11 @@ pub enum Error {
     /// Any other runtime failure, already phrased for the user.
     #[error("{0}")]
     Runtime(String),
+
+    /// The command ran, reported what it did, and ends with this code (a partial redrive: 1;
+    /// an interrupted one: 130).
+    #[error("{message}")]
+    Finished { code: u8, message: String },
 }
 
 impl Error {
@@ -55,6 +60,7 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Usage(_) => 2,
+            Error::Finished { code, .. } => *code,
             _ => 1,
         }
     }

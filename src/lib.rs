@@ -8,4 +8,5 @@ pub mod error;
 pub mod model;
 pub mod output;
 pub mod redact;
+pub mod redrive;
 pub mod target;

@@ -49,6 +49,15 @@ impl Headers {
         self.0.push((name.into(), value.into()));
     }
 
+    /// Replace the first value under `name`, or add it at the end.
+    pub fn set(&mut self, name: &str, value: impl Into<Value>) {
+        let value = value.into();
+        match self.0.iter_mut().find(|(k, _)| k == name) {
+            Some((_, slot)) => *slot = value,
+            None => self.0.push((name.to_owned(), value)),
+        }
+    }
+
     /// Builder form of [`Headers::push`].
     pub fn with(mut self, name: impl Into<String>, value: impl Into<Value>) -> Self {
         self.push(name, value);

@@ -51,6 +51,10 @@ impl Output {
         }
     }
 
+    pub fn quiet(&self) -> bool {
+        self.quiet
+    }
+
     pub fn is_json(&self) -> bool {
         self.format == Format::Json
     }

@@ -466,3 +466,65 @@ fn colour_only_when_asked_or_on_a_terminal() {
     let o = run(&["summarize", SAMPLE]);
     assert!(!stdout(&o).contains('\x1b'));
 }
+
+#[test]
+fn where_selects_in_every_reading_verb() {
+    let o = run(&[
+        "summarize",
+        SAMPLE,
+        "--where",
+        "reason=rejected",
+        "--where",
+        "header.tenant=acme",
+        "-o",
+        "json",
+    ]);
+    assert_exit(&o, 0);
+    let report = json(&o);
+    assert_eq!(report["groups"].as_array().unwrap().len(), 1);
+    assert_eq!(report["groups"][0]["reason"], "rejected");
+    let selected = report["total"].as_u64().unwrap();
+    assert!(selected > 0 && selected < SAMPLE_COUNT);
+
+    let o = run(&[
+        "export",
+        SAMPLE,
+        "--where",
+        "reason=rejected",
+        "--where",
+        "header.tenant=acme",
+    ]);
+    assert_eq!(stdout(&o).lines().count() as u64, selected);
+
+    let o = run(&[
+        "peek",
+        SAMPLE,
+        "--where",
+        "body.type~^refund",
+        "-n",
+        "4",
+        "-o",
+        "json",
+    ]);
+    let lines: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 4, "the limit counts matching messages");
+    assert!(
+        lines
+            .iter()
+            .all(|l| l["body"].as_str().unwrap().contains("\"type\":\"refund"))
+    );
+}
+
+#[test]
+fn a_bad_where_is_a_usage_error_naming_it() {
+    let o = run(&["summarize", SAMPLE, "--where", "colour=red"]);
+    assert_exit(&o, 2);
+    let err = assert_one_line_error(&o);
+    assert!(
+        err.contains("colour=red") && err.contains("unknown field"),
+        "{err}"
+    );
+}

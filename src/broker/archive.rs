@@ -16,7 +16,10 @@ use chrono::Utc;
 use futures::StreamExt;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-use super::{Broker, Capabilities, Description, Handle, LetterStream, OpenOptions, Received};
+use super::{
+    Broker, Capabilities, Description, Destination, Failure, Handle, LetterStream, OpenOptions,
+    PublishError, Received, Sink,
+};
 use crate::error::{Error, Result};
 use crate::model::DeadLetter;
 use crate::target::ArchiveTarget;
@@ -358,4 +361,60 @@ fn temp_path(path: &Path) -> PathBuf {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     path.with_file_name(format!(".{name}.dlqctl-settle"))
+}
+
+/// An archive file as a redrive destination ("replay into a file"): copies are appended,
+/// and a batch counts as confirmed once it is flushed and fsynced.
+pub struct ArchiveSink {
+    path: PathBuf,
+    out: tokio::sync::Mutex<tokio::io::BufWriter<tokio::fs::File>>,
+}
+
+impl ArchiveSink {
+    pub async fn open(path: &Path) -> Result<Self> {
+        let file = tokio::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .await
+            .map_err(|e| {
+                Error::Runtime(format!(
+                    "cannot open archive {} for writing: {e}",
+                    path.display()
+                ))
+            })?;
+        Ok(ArchiveSink {
+            path: path.to_path_buf(),
+            out: tokio::sync::Mutex::new(tokio::io::BufWriter::with_capacity(READ_BUFFER, file)),
+        })
+    }
+
+    async fn append(&self, batch: &[(DeadLetter, Destination)]) -> std::io::Result<()> {
+        let mut out = self.out.lock().await;
+        let mut line = Vec::with_capacity(4096);
+        for (letter, _) in batch {
+            line.clear();
+            serde_json::to_writer(&mut line, letter)?;
+            line.push(b'\n');
+            out.write_all(&line).await?;
+        }
+        out.flush().await?;
+        out.get_ref().sync_data().await
+    }
+}
+
+#[async_trait]
+impl Sink for ArchiveSink {
+    async fn publish(&self, batch: &[(DeadLetter, Destination)]) -> Vec<Result<(), PublishError>> {
+        let result = self.append(batch).await.map_err(|e| PublishError {
+            failure: match e.kind() {
+                std::io::ErrorKind::Interrupted
+                | std::io::ErrorKind::TimedOut
+                | std::io::ErrorKind::WouldBlock => Failure::Transient,
+                _ => Failure::Permanent,
+            },
+            message: format!("cannot append to {}: {e}", self.path.display()),
+        });
+        vec![result; batch.len()]
+    }
 }

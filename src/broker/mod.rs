@@ -64,6 +64,47 @@ pub enum Handle {
     ArchiveRecord(u64),
 }
 
+/// Where one copy of a dead letter goes, as plans and audit logs name it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Destination {
+    /// Human-readable, password-free: `archive /tmp/replay.jsonl`, `exchange orders, key order.created`.
+    pub label: String,
+    pub route: Route,
+}
+
+/// How a sink addresses a destination.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Route {
+    /// Append to the sink's archive file.
+    Archive,
+}
+
+/// Whether trying again can help.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Failure {
+    /// Timeouts, resets, throttling, a blocked connection: retry with backoff.
+    Transient,
+    /// Not found, access denied, too large, unroutable: leave the message and go on.
+    Permanent,
+}
+
+#[derive(Debug, Clone)]
+pub struct PublishError {
+    pub failure: Failure,
+    pub message: String,
+}
+
+/// Something that takes copies and confirms them: a broker's own source queues, another
+/// broker, or an archive file.
+#[async_trait]
+pub trait Sink: Send + Sync {
+    /// Publish each copy to its destination and return once every one is confirmed by the
+    /// destination (publisher confirm, send success, delivery report, fsync) or has failed.
+    /// The results are in the order of `batch`.
+    async fn publish(&self, batch: &[(DeadLetter, Destination)]) -> Vec<Result<(), PublishError>>;
+}
+
 #[derive(Debug)]
 pub struct Received {
     pub handle: Handle,
@@ -107,6 +148,17 @@ pub trait Broker: Send + Sync {
         Err(self.not_supported("release messages"))
     }
 
+    /// Where this message came from and so returns to by default; `None` when the message
+    /// does not say (it then stays in the DLQ and is reported, never guessed).
+    fn source_destination(&self, _letter: &DeadLetter) -> Option<Destination> {
+        None
+    }
+
+    /// The sink that publishes to this broker's source queues, for redrives without `--to`.
+    fn source_sink(&self) -> Option<&dyn Sink> {
+        None
+    }
+
     /// Caveats learned while reading (lines skipped, scan incomplete), shown after a verb's output.
     fn read_notes(&self) -> Vec<String> {
         Vec::new()
@@ -130,6 +182,35 @@ pub async fn open(target: &Target, options: &OpenOptions) -> Result<Box<dyn Brok
         Target::Rabbitmq(_) => Err(not_built(target, "RabbitMQ")),
         Target::Sqs(_) => Err(not_built(target, "SQS")),
         Target::Kafka(_) => Err(not_built(target, "Kafka")),
+    }
+}
+
+/// The one destination every copy goes to with `--to TARGET`; checks the target can take
+/// copies without touching it, so a dry run leaves no trace.
+pub fn sink_destination(target: &Target) -> Result<Destination> {
+    match target {
+        Target::Archive(crate::target::ArchiveTarget::File(path)) => Ok(Destination {
+            label: format!("archive {}", path.display()),
+            route: Route::Archive,
+        }),
+        Target::Archive(crate::target::ArchiveTarget::Stdin) => Err(Error::Usage(
+            "--to - is not a place to write: name a .jsonl file".into(),
+        )),
+        Target::Rabbitmq(_) => Err(not_built(target, "RabbitMQ")),
+        Target::Sqs(_) => Err(not_built(target, "SQS")),
+        Target::Kafka(_) => Err(not_built(target, "Kafka")),
+    }
+}
+
+/// Open `--to TARGET` as a sink (after [`sink_destination`] accepted it).
+pub async fn open_sink(target: &Target) -> Result<Box<dyn Sink>> {
+    match target {
+        Target::Archive(crate::target::ArchiveTarget::File(path)) => {
+            Ok(Box::new(archive::ArchiveSink::open(path).await?))
+        }
+        other => Err(sink_destination(other)
+            .err()
+            .unwrap_or_else(|| not_built(other, "this"))),
     }
 }
 

@@ -18,7 +18,7 @@ pub async fn run(ctx: &mut Context, args: &ExportArgs) -> Result<()> {
         ctx.out.note(cost);
     }
     let redactor = ctx.redactor(&args.redact);
-    let mut letters = broker.peek(None).await?;
+    let mut letters = ctx.letters(broker.as_ref(), &args.read, None).await?;
     let mut file = args.file.as_deref().map(PartialFile::create).transpose()?;
     let mut count = 0u64;
     while let Some(mut letter) = letters.try_next().await? {

@@ -5,17 +5,22 @@ use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::broker::{self, Broker, OpenOptions};
+use chrono::Utc;
+use futures::{StreamExt, TryStreamExt};
+
+use crate::broker::{self, Broker, LetterStream, OpenOptions};
 use crate::cli::{Cli, Command, ReadArgs, RedactArgs};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::output::Output;
 use crate::redact::Redactor;
+use crate::redrive::select::Selection;
 use crate::target::Target;
 
 mod export;
 mod list;
 mod peek;
+mod redrive;
 mod summarize;
 
 /// What every verb gets: the loaded config and the output sink.
@@ -33,6 +38,33 @@ impl Context {
         };
         let broker = broker::open(&target, &options).await?;
         Ok((target, broker))
+    }
+
+    /// Read the DLQ without consuming it: the messages `--where` selects, at most `limit`.
+    pub async fn letters<'a>(
+        &self,
+        broker: &'a dyn Broker,
+        read: &ReadArgs,
+        limit: Option<u64>,
+    ) -> Result<LetterStream<'a>> {
+        let selection = Selection::parse(&read.filters)?;
+        // Without a selection the broker can stop reading at the limit itself.
+        let read_limit = if selection.is_everything() {
+            limit
+        } else {
+            None
+        };
+        let now = Utc::now();
+        let selected = broker
+            .peek(read_limit)
+            .await?
+            .try_filter(move |letter| std::future::ready(selection.matches(letter, now)));
+        Ok(match limit {
+            Some(n) => selected
+                .take(usize::try_from(n).unwrap_or(usize::MAX))
+                .boxed(),
+            None => selected.boxed(),
+        })
     }
 
     /// `--redact` fields plus the config file's `[redact] fields`.
@@ -75,6 +107,7 @@ fn execute(cli: Cli) -> Result<()> {
             Command::Peek(args) => peek::run(&mut ctx, args).await,
             Command::Summarize(args) => summarize::run(&mut ctx, args).await,
             Command::Export(args) => export::run(&mut ctx, args).await,
+            Command::Redrive(args) => redrive::run(&mut ctx, args).await,
         }
     })?;
     ctx.out.finish()

@@ -19,7 +19,9 @@ pub async fn run(ctx: &mut Context, args: &PeekArgs) -> Result<()> {
         ctx.out.note(cost);
     }
     let redactor = ctx.redactor(&args.redact);
-    let mut letters = broker.peek(Some(args.limit)).await?;
+    let mut letters = ctx
+        .letters(broker.as_ref(), &args.read, Some(args.limit))
+        .await?;
     let mut table = (!ctx.out.is_json() && !args.full)
         .then(|| ctx.out.table(&["id", "age", "reason", "source", "body"]));
     let mut shown = 0u64;

@@ -71,7 +71,7 @@ pub async fn run(ctx: &mut Context, args: &SummarizeArgs) -> Result<()> {
     let now = Utc::now();
     let mut groups: HashMap<String, Group> = HashMap::new();
     let mut total = 0u64;
-    let mut letters = broker.peek(None).await?;
+    let mut letters = ctx.letters(broker.as_ref(), &args.read, None).await?;
     while let Some(letter) = letters.try_next().await? {
         total += 1;
         let key = args.by.key(&letter, now);
