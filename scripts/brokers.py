@@ -461,7 +461,12 @@ def letters_from_jsonl(stream):
         body = record.get("body")
         if body is not None:
             body = base64.b64decode(body) if record.get("body_encoding") == "base64" else body.encode()
-        headers = {k: v for k, v in record.get("headers", {}).items() if isinstance(v, (str, int)) and not isinstance(v, bool)}
+        headers = {}
+        for k, v in record.get("headers", {}).items():
+            if isinstance(v, dict) and set(v) == {"$bytes"}:
+                headers[k] = base64.b64decode(v["$bytes"])
+            elif isinstance(v, (str, int)) and not isinstance(v, bool):
+                headers[k] = v
         out.append((headers.get("seq"), body, headers))
     return out
 
@@ -500,7 +505,8 @@ def fixture_sqs(namespace, letters):
             text = body.decode() if body else "(empty)"
         except UnicodeDecodeError:
             text = base64.b64encode(body).decode()
-        attributes = {k: {"DataType": "Number" if isinstance(v, int) else "String", "StringValue": str(v)}
+        attributes = {k: {"DataType": "Binary", "BinaryValue": v} if isinstance(v, bytes) else
+                      {"DataType": "Number" if isinstance(v, int) else "String", "StringValue": str(v)}
                       for k, v in headers.items()}
         sqs.send_message(QueueUrl=src, MessageBody=text, MessageAttributes=attributes)
 
@@ -528,7 +534,7 @@ def fixture_kafka(namespace, letters):
                   ("kafka_dlt-original-partition", struct.pack(">i", 0)),
                   ("kafka_dlt-original-offset", struct.pack(">q", int(seq or 0)))]
         producer.produce(topic, key=str(seq).encode(), value=body,
-                         headers=[(k, str(v).encode()) for k, v in headers.items()] + spring)
+                         headers=[(k, v if isinstance(v, bytes) else str(v).encode()) for k, v in headers.items()] + spring)
     if producer.flush(30):
         raise SystemExit("fixture: Kafka produce did not finish")
     return "kafka://%s/%s" % (KAFKA, topic)

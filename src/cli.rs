@@ -91,6 +91,11 @@ pub struct ReadArgs {
     /// Skip archive lines that are not dead letters, and report how many, instead of stopping.
     #[arg(long)]
     pub skip_invalid: bool,
+
+    /// Read even where reading can dead-letter messages again (a RabbitMQ quorum DLQ with a
+    /// delivery limit counts every read as a delivery).
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Debug, Args)]

@@ -56,6 +56,10 @@ pub struct RabbitmqTarget {
     pub queue: Option<String>,
     /// Management HTTP API base URL; defaults to `http://HOST:15672`.
     pub management: Option<String>,
+    /// As a `--to` destination: publish to this exchange (with `routing_key`) instead of
+    /// straight to `queue`.
+    pub exchange: Option<String>,
+    pub routing_key: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -156,8 +160,16 @@ impl fmt::Display for Target {
                 if let Some(q) = &t.queue {
                     write!(f, "/{}", encode(q))?;
                 }
-                if let Some(m) = &t.management {
-                    write!(f, "?management={}", mask_input(m))?;
+                let query: Vec<String> = [
+                    ("management", t.management.as_deref().map(mask_input)),
+                    ("exchange", t.exchange.clone()),
+                    ("routing_key", t.routing_key.clone()),
+                ]
+                .into_iter()
+                .filter_map(|(k, v)| v.map(|v| format!("{k}={v}")))
+                .collect();
+                if !query.is_empty() {
+                    write!(f, "?{}", query.join("&"))?;
                 }
                 Ok(())
             }
@@ -331,21 +343,31 @@ fn parse_rabbitmq(parts: &UrlParts, shown: &str) -> Result<Target> {
         check_amqp_name(q, "queue", shown)?;
     }
     check_amqp_name(&vhost, "vhost", shown)?;
-    let mut management = None;
-    for (key, value) in parts.query_pairs(&["management"], shown)? {
-        if key == "management" {
-            management = Some(value);
-        }
-    }
-    Ok(Target::Rabbitmq(RabbitmqTarget {
+    let mut target = RabbitmqTarget {
         user,
         password,
         host,
         port,
         vhost,
         queue,
-        management,
-    }))
+        management: None,
+        exchange: None,
+        routing_key: None,
+    };
+    for (key, value) in parts.query_pairs(&["management", "exchange", "routing_key"], shown)? {
+        match key {
+            "management" => target.management = Some(value),
+            "exchange" => target.exchange = Some(value),
+            _ => target.routing_key = Some(value),
+        }
+    }
+    for name in [&target.exchange, &target.routing_key]
+        .into_iter()
+        .flatten()
+    {
+        check_amqp_name(name, "exchange or routing key", shown)?;
+    }
+    Ok(Target::Rabbitmq(target))
 }
 
 /// AMQP short strings hold at most 255 bytes; refuse longer names before any client sees them.

@@ -258,7 +258,13 @@ impl Broker for ArchiveBroker {
 
     async fn settle(&self, handles: &[Handle]) -> Result<()> {
         let path = self.file("settle messages")?.to_path_buf();
-        let settled: BTreeSet<u64> = handles.iter().map(|Handle::ArchiveRecord(i)| *i).collect();
+        let settled: BTreeSet<u64> = handles
+            .iter()
+            .filter_map(|h| match h {
+                Handle::ArchiveRecord(i) => Some(*i),
+                _ => None,
+            })
+            .collect();
         if settled.is_empty() {
             return Ok(());
         }

@@ -10,9 +10,10 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::model::DeadLetter;
-use crate::target::Target;
+use crate::target::{ArchiveTarget, Target};
 
 pub mod archive;
+pub mod rabbitmq;
 
 pub type LetterStream<'a> = BoxStream<'a, Result<DeadLetter>>;
 
@@ -62,6 +63,8 @@ fn as_seconds<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok,
 pub enum Handle {
     /// Position of the record in the archive file as it was when opened.
     ArchiveRecord(u64),
+    /// An AMQP delivery tag on the backend's consuming channel.
+    Delivery(u64),
 }
 
 /// Where one copy of a dead letter goes, as plans and audit logs name it.
@@ -77,6 +80,13 @@ pub struct Destination {
 pub enum Route {
     /// Append to the sink's archive file.
     Archive,
+    /// Publish to an AMQP exchange (`""`: the default exchange, the key naming a queue),
+    /// with further routing keys as a `CC` header.
+    Amqp {
+        exchange: String,
+        routing_key: String,
+        cc: Vec<String>,
+    },
 }
 
 /// Whether trying again can help.
@@ -116,6 +126,8 @@ pub struct Received {
 pub struct OpenOptions {
     /// Skip archive lines that are not dead letters instead of stopping at the first.
     pub skip_invalid: bool,
+    /// Read even where reading can dead-letter messages again (a quorum DLQ with a delivery limit).
+    pub force: bool,
 }
 
 #[async_trait]
@@ -179,7 +191,9 @@ pub async fn open(target: &Target, options: &OpenOptions) -> Result<Box<dyn Brok
         Target::Archive(t) => Ok(Box::new(
             archive::ArchiveBroker::open(t.clone(), options).await?,
         )),
-        Target::Rabbitmq(_) => Err(not_built(target, "RabbitMQ")),
+        Target::Rabbitmq(t) => Ok(Box::new(
+            rabbitmq::RabbitmqBroker::open(t, target.to_string(), options).await?,
+        )),
         Target::Sqs(_) => Err(not_built(target, "SQS")),
         Target::Kafka(_) => Err(not_built(target, "Kafka")),
     }
@@ -189,14 +203,14 @@ pub async fn open(target: &Target, options: &OpenOptions) -> Result<Box<dyn Brok
 /// copies without touching it, so a dry run leaves no trace.
 pub fn sink_destination(target: &Target) -> Result<Destination> {
     match target {
-        Target::Archive(crate::target::ArchiveTarget::File(path)) => Ok(Destination {
+        Target::Archive(ArchiveTarget::File(path)) => Ok(Destination {
             label: format!("archive {}", path.display()),
             route: Route::Archive,
         }),
-        Target::Archive(crate::target::ArchiveTarget::Stdin) => Err(Error::Usage(
+        Target::Archive(ArchiveTarget::Stdin) => Err(Error::Usage(
             "--to - is not a place to write: name a .jsonl file".into(),
         )),
-        Target::Rabbitmq(_) => Err(not_built(target, "RabbitMQ")),
+        Target::Rabbitmq(t) => rabbitmq::destination_for(t, &target.to_string()),
         Target::Sqs(_) => Err(not_built(target, "SQS")),
         Target::Kafka(_) => Err(not_built(target, "Kafka")),
     }
@@ -205,9 +219,12 @@ pub fn sink_destination(target: &Target) -> Result<Destination> {
 /// Open `--to TARGET` as a sink (after [`sink_destination`] accepted it).
 pub async fn open_sink(target: &Target) -> Result<Box<dyn Sink>> {
     match target {
-        Target::Archive(crate::target::ArchiveTarget::File(path)) => {
+        Target::Archive(ArchiveTarget::File(path)) => {
             Ok(Box::new(archive::ArchiveSink::open(path).await?))
         }
+        Target::Rabbitmq(t) => Ok(Box::new(
+            rabbitmq::RabbitmqBroker::open(t, target.to_string(), &OpenOptions::default()).await?,
+        )),
         other => Err(sink_destination(other)
             .err()
             .unwrap_or_else(|| not_built(other, "this"))),

@@ -35,6 +35,7 @@ impl Context {
         let target = self.config.resolve(&read.target)?;
         let options = OpenOptions {
             skip_invalid: read.skip_invalid,
+            force: read.force,
         };
         let broker = broker::open(&target, &options).await?;
         Ok((target, broker))
@@ -116,6 +117,9 @@ fn execute(cli: Cli) -> Result<()> {
 /// `3d4h`, `2h5m`, `42s`: the two largest units, enough to read at a glance.
 pub fn format_age(age: Duration) -> String {
     let secs = age.as_secs();
+    if secs == 0 && !age.is_zero() {
+        return format!("{}ms", age.as_millis());
+    }
     let (d, h, m, s) = (secs / 86_400, secs / 3_600 % 24, secs / 60 % 60, secs % 60);
     match (d, h, m) {
         (0, 0, 0) => format!("{s}s"),
@@ -132,6 +136,7 @@ mod tests {
     #[test]
     fn ages_read_at_a_glance() {
         assert_eq!(format_age(Duration::from_secs(42)), "42s");
+        assert_eq!(format_age(Duration::from_millis(200)), "200ms");
         assert_eq!(format_age(Duration::from_secs(125)), "2m5s");
         assert_eq!(format_age(Duration::from_secs(3 * 3600 + 60)), "3h1m");
         assert_eq!(

@@ -104,6 +104,9 @@ impl Engine<'_> {
         let mut moved = HashSet::new();
         let mut consecutive_exhausted = 0u32;
         let now = Utc::now();
+        // Messages left in the DLQ are released only when the run ends: released earlier,
+        // a queue would hand the same ones out again and hide the rest behind them.
+        let mut held: Vec<Handle> = Vec::new();
 
         'run: loop {
             if self.stop_requested(&mut summary) || self.limit_reached(&summary) {
@@ -186,7 +189,7 @@ impl Engine<'_> {
             }
             if fresh == 0 {
                 // Everything received was handled before: this run has seen the whole DLQ.
-                self.source.release(&release).await?;
+                held.extend(release);
                 break;
             }
 
@@ -255,11 +258,7 @@ impl Engine<'_> {
                     ));
                 }
             }
-            if let Err(e) = self.source.release(&release).await {
-                summary
-                    .stopped
-                    .get_or_insert(format!("returning skipped messages to the DLQ failed: {e}"));
-            }
+            held.extend(release);
             self.audit.flush()?;
             (self.progress)(&summary);
 
@@ -279,6 +278,11 @@ impl Engine<'_> {
                 ));
                 break;
             }
+        }
+        if let Err(e) = self.source.release(&held).await {
+            summary
+                .stopped
+                .get_or_insert(format!("returning unmoved messages to the DLQ failed: {e}"));
         }
         self.audit.flush()?;
         summary.still_in_dlq = self.source.describe().await.ok().and_then(|d| d.depth);

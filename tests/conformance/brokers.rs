@@ -1,13 +1,6 @@
 //! The fixture the real brokers' instantiations of the suite use: each DLQ is a fresh
 //! namespace on a broker started by `scripts/brokers up`, filled with real dead letters.
-//! A backend joins the suite with one line in `main.rs`, once `dlqctl::broker::open`
-//! can open its targets, for example:
-//!
-//! ```ignore
-//! mod rabbitmq { conformance_suite!(crate::brokers::BrokerFixture::new(TestBroker::Rabbitmq)); }
-//! ```
-
-#![allow(dead_code)] // instantiated per backend as each one lands (issues 5, 6 and 7)
+//! A backend joins the suite with one `conformance_suite!` line in `main.rs`.
 
 use std::sync::Mutex;
 

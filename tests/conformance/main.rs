@@ -34,3 +34,10 @@ macro_rules! conformance_suite {
 }
 
 mod archive;
+
+mod rabbitmq {
+    use crate::brokers::BrokerFixture;
+    use crate::support::TestBroker;
+
+    conformance_suite!(BrokerFixture::new(TestBroker::Rabbitmq));
+}
