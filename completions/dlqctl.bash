@@ -89,13 +89,17 @@ _dlqctl() {
             return 0
             ;;
         dlqctl__subcmd__export)
-            opts="-o -q -h --where --skip-invalid --file --redact --output --color --config --quiet --help"
+            opts="-o -q -h --where --skip-invalid --reason-from --force --file --redact --output --color --config --quiet --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
                 --where)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --reason-from)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -259,13 +263,17 @@ _dlqctl() {
             return 0
             ;;
         dlqctl__subcmd__peek)
-            opts="-n -o -q -h --where --skip-invalid --limit --full --redact --output --color --config --quiet --help"
+            opts="-n -o -q -h --where --skip-invalid --reason-from --force --limit --full --redact --output --color --config --quiet --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
                 --where)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --reason-from)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -305,13 +313,17 @@ _dlqctl() {
             return 0
             ;;
         dlqctl__subcmd__redrive)
-            opts="-y -o -q -h --where --skip-invalid --to --limit --rate --batch --dry-run --plan-out --yes --note --audit-log --resume --max-redrives --retries --max-consecutive-failures --output --color --config --quiet --help"
+            opts="-y -o -q -h --where --skip-invalid --reason-from --force --to --limit --rate --batch --dry-run --plan-out --yes --note --audit-log --resume --max-redrives --retries --max-consecutive-failures --output --color --config --quiet --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
                 --where)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --reason-from)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -383,7 +395,7 @@ _dlqctl() {
             return 0
             ;;
         dlqctl__subcmd__summarize)
-            opts="-o -q -h --where --skip-invalid --by --output --color --config --quiet --help"
+            opts="-o -q -h --where --skip-invalid --reason-from --force --by --output --color --config --quiet --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -393,8 +405,12 @@ _dlqctl() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --reason-from)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --by)
-                    COMPREPLY=($(compgen -W "reason source exception age" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "reason source exception age exchange routing-key" -- "${cur}"))
                     return 0
                     ;;
                 --output)

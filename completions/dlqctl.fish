@@ -48,6 +48,7 @@ complete -c dlqctl -n "__fish_dlqctl_using_subcommand list" -l config -d 'Config
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand list" -s q -l quiet -d 'Print no notes on stderr, only errors'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand list" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l where -d 'Only messages matching EXPR; repeat to AND several. FIELD=VALUE, FIELD!=VALUE, FIELD~REGEX, FIELD!~REGEX, age>2h, count>=3; fields: reason, exception, source, dlq, id, count, age, header.NAME, body.PATH' -r
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l reason-from -d 'Take the exception class from an application\'s own field: header:NAME (attr:NAME is the same, for SQS attributes) or body.PATH of a JSON body. Used by peek, summarize, export' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -s n -l limit -d 'How many dead letters to show' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l redact -d 'Replace a field\'s value before output: header.NAME, body.PATH (dotted), or NAME for both. Repeatable; adds to the config file\'s [redact] fields' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -s o -l output -d 'Output format' -r -f -a "table\t'Aligned columns for a terminal'
@@ -57,14 +58,18 @@ always\t''
 never\t''"
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l config -d 'Config file with named targets and redaction rules [default: $XDG_CONFIG_HOME/dlqctl/config.toml]' -r -F
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l skip-invalid -d 'Skip archive lines that are not dead letters, and report how many, instead of stopping'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l force -d 'Read even where reading can dead-letter messages again (a RabbitMQ quorum DLQ with a delivery limit counts every read as a delivery)'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l full -d 'Show whole bodies and every header instead of a one-line preview'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -s q -l quiet -d 'Print no notes on stderr, only errors'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -l where -d 'Only messages matching EXPR; repeat to AND several. FIELD=VALUE, FIELD!=VALUE, FIELD~REGEX, FIELD!~REGEX, age>2h, count>=3; fields: reason, exception, source, dlq, id, count, age, header.NAME, body.PATH' -r
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -l reason-from -d 'Take the exception class from an application\'s own field: header:NAME (attr:NAME is the same, for SQS attributes) or body.PATH of a JSON body. Used by peek, summarize, export' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -l by -d 'What to group by' -r -f -a "reason\t'The reason kind (rejected, expired, max_receive_count, exception, ...)'
 source\t'The queue or topic the message came from'
 exception\t'The exception class or error code'
-age\t'How long ago it died, in buckets'"
+age\t'How long ago it died, in buckets'
+exchange\t'The exchange it was first published to (RabbitMQ)'
+routing-key\t'Its original routing key(s) (RabbitMQ)'"
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -s o -l output -d 'Output format' -r -f -a "table\t'Aligned columns for a terminal'
 json\t'Stable JSON: one object for reports, one line per message for streams'"
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -l color -d 'When to colour output' -r -f -a "auto\t'Colour when stdout is a terminal and NO_COLOR is not set'
@@ -72,9 +77,11 @@ always\t''
 never\t''"
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -l config -d 'Config file with named targets and redaction rules [default: $XDG_CONFIG_HOME/dlqctl/config.toml]' -r -F
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -l skip-invalid -d 'Skip archive lines that are not dead letters, and report how many, instead of stopping'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -l force -d 'Read even where reading can dead-letter messages again (a RabbitMQ quorum DLQ with a delivery limit counts every read as a delivery)'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -s q -l quiet -d 'Print no notes on stderr, only errors'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l where -d 'Only messages matching EXPR; repeat to AND several. FIELD=VALUE, FIELD!=VALUE, FIELD~REGEX, FIELD!~REGEX, age>2h, count>=3; fields: reason, exception, source, dlq, id, count, age, header.NAME, body.PATH' -r
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l reason-from -d 'Take the exception class from an application\'s own field: header:NAME (attr:NAME is the same, for SQS attributes) or body.PATH of a JSON body. Used by peek, summarize, export' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l file -d 'Write to FILE instead of stdout; it appears only when the export is complete' -r -F
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l redact -d 'Replace a field\'s value before output: header.NAME, body.PATH (dotted), or NAME for both. Repeatable; adds to the config file\'s [redact] fields' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -s o -l output -d 'Output format' -r -f -a "table\t'Aligned columns for a terminal'
@@ -84,9 +91,11 @@ always\t''
 never\t''"
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l config -d 'Config file with named targets and redaction rules [default: $XDG_CONFIG_HOME/dlqctl/config.toml]' -r -F
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l skip-invalid -d 'Skip archive lines that are not dead letters, and report how many, instead of stopping'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l force -d 'Read even where reading can dead-letter messages again (a RabbitMQ quorum DLQ with a delivery limit counts every read as a delivery)'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -s q -l quiet -d 'Print no notes on stderr, only errors'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l where -d 'Only messages matching EXPR; repeat to AND several. FIELD=VALUE, FIELD!=VALUE, FIELD~REGEX, FIELD!~REGEX, age>2h, count>=3; fields: reason, exception, source, dlq, id, count, age, header.NAME, body.PATH' -r
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l reason-from -d 'Take the exception class from an application\'s own field: header:NAME (attr:NAME is the same, for SQS attributes) or body.PATH of a JSON body. Used by peek, summarize, export' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l to -d 'Send copies here instead of each message\'s own source: a .jsonl archive (replay into a file) or another broker\'s target' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l limit -d 'Move at most N messages' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l rate -d 'Messages per second, evenly paced; \'unlimited\' lifts the limit' -r
@@ -97,7 +106,7 @@ complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l audit-log -d '
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l resume -d 'Continue an interrupted run from its checkpoint, without publishing again what it already had confirmed' -r -F
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l max-redrives -d 'Skip messages dlqctl has already redriven N times (loop guard)' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l retries -d 'Retries of a transient publish failure, with exponential backoff and jitter' -r
-complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l max-consecutive-failures -d 'Stop after N messages in a row failed every retry (the destination looks down)' -r
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l max-consecutive-failures -d 'Stop after N messages in a row could not be delivered (the destination looks down or gone)' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -s o -l output -d 'Output format' -r -f -a "table\t'Aligned columns for a terminal'
 json\t'Stable JSON: one object for reports, one line per message for streams'"
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l color -d 'When to colour output' -r -f -a "auto\t'Colour when stdout is a terminal and NO_COLOR is not set'
@@ -105,6 +114,7 @@ always\t''
 never\t''"
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l config -d 'Config file with named targets and redaction rules [default: $XDG_CONFIG_HOME/dlqctl/config.toml]' -r -F
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l skip-invalid -d 'Skip archive lines that are not dead letters, and report how many, instead of stopping'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l force -d 'Read even where reading can dead-letter messages again (a RabbitMQ quorum DLQ with a delivery limit counts every read as a delivery)'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l dry-run -d 'Print what would move, and change nothing beyond what reading costs'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -s y -l yes -d 'Do not ask for confirmation (required when there is no terminal to ask on)'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -s q -l quiet -d 'Print no notes on stderr, only errors'

@@ -83,13 +83,13 @@ def body_for(i, prefix):
     return json.dumps({"type": "order.created", "order_id": "%s-%04d" % (prefix, i), "total": 10 + i}).encode()
 
 
-def seed_rabbitmq():
+def seed_rabbitmq(vhost=SEED_VHOST):
     import pika
 
-    quote = urllib.parse.quote(SEED_VHOST, safe="")
+    quote = urllib.parse.quote(vhost, safe="")
     management("PUT", "/api/vhosts/" + quote)
     management("PUT", "/api/permissions/%s/guest" % quote, {"configure": ".*", "write": ".*", "read": ".*"})
-    conn = rabbitmq_connection(SEED_VHOST)
+    conn = rabbitmq_connection(vhost)
     ch = conn.channel()
     ch.exchange_declare("orders", "topic", durable=True)
     ch.exchange_declare("orders.dlx", "topic", durable=True)
@@ -174,7 +174,7 @@ def seed_rabbitmq():
              lambda: ch.queue_declare("orders.dlq", passive=True).method.message_count == total)
     conn.close()
     return {
-        "vhost": SEED_VHOST,
+        "vhost": vhost,
         "dlq": "orders.dlq",
         "total": total,
         "by_last_reason": {"rejected": 15, "expired": 7, "maxlen": 4, "delivery_limit": 3},
@@ -471,7 +471,9 @@ def letters_from_jsonl(stream):
     return out
 
 
-def fixture_rabbitmq(namespace, letters):
+def fixture_rabbitmq(namespace, letters, exchange=""):
+    """Letters rejected from queue `source` into `dlq`; published through `exchange` (a topic
+    exchange with key order.created) when one is named, else straight to the queue."""
     import pika
 
     quote = urllib.parse.quote(namespace, safe="")
@@ -481,8 +483,13 @@ def fixture_rabbitmq(namespace, letters):
     ch = conn.channel()
     ch.queue_declare("dlq", durable=True)
     ch.queue_declare("source", durable=True, arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"})
+    key = "source"
+    if exchange:
+        ch.exchange_declare(exchange, "topic", durable=True)
+        ch.queue_bind("source", exchange, "order.*")
+        key = "order.created"
     for seq, body, headers in letters:
-        ch.basic_publish("", "source", body or b"", pika.BasicProperties(
+        ch.basic_publish(exchange, key, body or b"", pika.BasicProperties(
             message_id="conf-%s" % seq, delivery_mode=2, headers=headers))
     for _ in letters:
         method = wait_for("a message in source", lambda: ch.basic_get("source")[0])
@@ -541,7 +548,7 @@ def fixture_kafka(namespace, letters):
 
 
 def drop_namespace(broker, namespace):
-    if broker == "rabbitmq":
+    if broker.startswith("rabbitmq"):
         management("DELETE", "/api/vhosts/" + urllib.parse.quote(namespace, safe=""))
     elif broker == "sqs":
         sqs = aws("sqs")
@@ -553,7 +560,20 @@ def drop_namespace(broker, namespace):
     # the next `scripts/brokers seed` or `reset`.
 
 
-FIXTURES = {"rabbitmq": fixture_rabbitmq, "sqs": fixture_sqs, "kafka": fixture_kafka}
+def fixture_rabbitmq_story(namespace, _letters):
+    seed_rabbitmq(namespace)
+    return "rabbitmq://guest:guest@127.0.0.1:%d/%s/orders.dlq" % (RABBITMQ_PORT, urllib.parse.quote(namespace, safe=""))
+
+
+FIXTURES = {
+    "rabbitmq": fixture_rabbitmq,
+    # The same, through a topic exchange named `orders`, which tests may delete.
+    "rabbitmq-exchange": lambda ns, letters: fixture_rabbitmq(ns, letters, exchange="orders"),
+    # The whole seeded RabbitMQ story in a vhost of its own, for tests that change it.
+    "rabbitmq-story": fixture_rabbitmq_story,
+    "sqs": fixture_sqs,
+    "kafka": fixture_kafka,
+}
 
 
 # --- readiness checks and Tansu's index ------------------------------------------------------------

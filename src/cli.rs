@@ -92,6 +92,11 @@ pub struct ReadArgs {
     #[arg(long)]
     pub skip_invalid: bool,
 
+    /// Take the exception class from an application's own field: header:NAME (attr:NAME is the
+    /// same, for SQS attributes) or body.PATH of a JSON body. Used by peek, summarize, export.
+    #[arg(long, value_name = "SOURCE")]
+    pub reason_from: Option<String>,
+
     /// Read even where reading can dead-letter messages again (a RabbitMQ quorum DLQ with a
     /// delivery limit counts every read as a delivery).
     #[arg(long)]
@@ -150,6 +155,10 @@ pub enum GroupBy {
     Exception,
     /// How long ago it died, in buckets.
     Age,
+    /// The exchange it was first published to (RabbitMQ).
+    Exchange,
+    /// Its original routing key(s) (RabbitMQ).
+    RoutingKey,
 }
 
 #[derive(Debug, Args)]
@@ -220,7 +229,7 @@ pub struct RedriveArgs {
     #[arg(long, value_name = "N", default_value_t = 5)]
     pub retries: u32,
 
-    /// Stop after N messages in a row failed every retry (the destination looks down).
+    /// Stop after N messages in a row could not be delivered (the destination looks down or gone).
     #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_consecutive_failures: u32,
 }

@@ -384,17 +384,12 @@ fn malformed_targets_are_usage_errors_naming_the_bad_part() {
 }
 
 #[test]
-fn unbuilt_backends_say_so_and_mask_the_password() {
-    for target in [
-        "rabbitmq://ops:hunter2@localhost:5672/%2f/orders.dlq",
-        "sqs://orders-dlq",
-        "kafka://localhost:9092/orders.DLT",
-    ] {
+fn unbuilt_backends_say_so() {
+    for target in ["sqs://orders-dlq", "kafka://localhost:9092/orders.DLT"] {
         let o = run(&["peek", target]);
         assert_exit(&o, 1);
         let err = assert_one_line_error(&o);
         assert!(err.contains("no ") && err.contains("backend yet"), "{err}");
-        assert!(!err.contains("hunter2"), "{err}");
     }
 }
 

@@ -389,9 +389,11 @@ async fn the_circuit_breaker_stops_a_run_against_a_dead_destination() {
 }
 
 #[tokio::test]
-async fn permanent_failures_do_not_trip_the_breaker() {
+async fn isolated_permanent_failures_do_not_trip_the_breaker() {
     let s = Setup::new(8);
-    let faults: Vec<(String, Fault)> = (0..6)
+    // Never two in a row: each is one bad message, not a dead destination.
+    let faults: Vec<(String, Fault)> = (0..8)
+        .step_by(2)
         .map(|i| (format!("m{i}"), Fault::BeforePublish(Failure::Permanent)))
         .collect();
     let faults: Vec<(&str, Fault)> = faults.iter().map(|(id, f)| (id.as_str(), *f)).collect();
@@ -407,8 +409,34 @@ async fn permanent_failures_do_not_trip_the_breaker() {
         )
         .await;
     assert_eq!(summary.stopped, None);
-    assert_eq!((summary.moved, summary.failed), (2, 6));
+    assert_eq!((summary.moved, summary.failed), (4, 4));
     s.check_invariants(&[]);
+}
+
+#[tokio::test]
+async fn a_run_of_permanent_failures_stops_the_run() {
+    let s = Setup::new(12);
+    let faults: Vec<(String, Fault)> = (4..12)
+        .map(|i| (format!("m{i}"), Fault::BeforePublish(Failure::Permanent)))
+        .collect();
+    let faults: Vec<(&str, Fault)> = faults.iter().map(|(id, f)| (id.as_str(), *f)).collect();
+    let summary = s
+        .run(
+            &faults,
+            &[],
+            Options {
+                max_consecutive_failures: 3,
+                ..options()
+            },
+            false,
+        )
+        .await;
+    assert!(
+        summary.stopped.as_deref().unwrap().contains("in a row"),
+        "{summary:?}"
+    );
+    assert_eq!((summary.moved, summary.failed), (4, 4));
+    assert_eq!(s.check_invariants(&[]), (8, 4));
 }
 
 #[tokio::test]

@@ -14,7 +14,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::output::Output;
 use crate::redact::Redactor;
-use crate::redrive::select::Selection;
+use crate::redrive::select::{ReasonFrom, Selection};
 use crate::target::Target;
 
 mod export;
@@ -49,6 +49,11 @@ impl Context {
         limit: Option<u64>,
     ) -> Result<LetterStream<'a>> {
         let selection = Selection::parse(&read.filters)?;
+        let reason_from = read
+            .reason_from
+            .as_deref()
+            .map(ReasonFrom::parse)
+            .transpose()?;
         // Without a selection the broker can stop reading at the limit itself.
         let read_limit = if selection.is_everything() {
             limit
@@ -59,6 +64,12 @@ impl Context {
         let selected = broker
             .peek(read_limit)
             .await?
+            .map_ok(move |mut letter| {
+                if let Some(from) = &reason_from {
+                    from.apply(&mut letter);
+                }
+                letter
+            })
             .try_filter(move |letter| std::future::ready(selection.matches(letter, now)));
         Ok(match limit {
             Some(n) => selected

@@ -1,6 +1,7 @@
 //! `dlqctl summarize`: how many dead letters, why, from where, since when. Streams the
 //! DLQ once and keeps only one small record per group, whatever the DLQ's size.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -40,11 +41,13 @@ impl GroupBy {
             GroupBy::Source => "source",
             GroupBy::Exception => "exception",
             GroupBy::Age => "age",
+            GroupBy::Exchange => "exchange",
+            GroupBy::RoutingKey => "routing_key",
         }
     }
 
-    fn key(self, letter: &DeadLetter, now: DateTime<Utc>) -> &str {
-        match self {
+    fn key(self, letter: &DeadLetter, now: DateTime<Utc>) -> Cow<'_, str> {
+        let key = match self {
             GroupBy::Reason => letter.reason.kind.as_str(),
             GroupBy::Source => letter.source.name.as_deref().unwrap_or(NONE),
             GroupBy::Exception => letter.reason.failure_class().unwrap_or(NONE),
@@ -59,7 +62,15 @@ impl GroupBy {
                         .0
                 }
             },
-        }
+            GroupBy::Exchange => match letter.source.exchange.as_deref() {
+                Some("") => "(default exchange)",
+                Some(x) => x,
+                None => NONE,
+            },
+            GroupBy::RoutingKey if letter.source.routing_keys.is_empty() => NONE,
+            GroupBy::RoutingKey => return letter.source.routing_keys.join(",").into(),
+        };
+        key.into()
     }
 }
 
@@ -76,7 +87,7 @@ pub async fn run(ctx: &mut Context, args: &SummarizeArgs) -> Result<()> {
         total += 1;
         let key = args.by.key(&letter, now);
         let seen = letter.failed_at();
-        match groups.get_mut(key) {
+        match groups.get_mut(key.as_ref()) {
             Some(g) => {
                 g.count += 1;
                 g.first_seen = min_time(g.first_seen, seen);
@@ -84,7 +95,7 @@ pub async fn run(ctx: &mut Context, args: &SummarizeArgs) -> Result<()> {
             }
             None => {
                 groups.insert(
-                    key.to_owned(),
+                    key.into_owned(),
                     Group {
                         count: 1,
                         first_seen: seen,

@@ -33,7 +33,8 @@ pub struct Options {
     pub max_redrives: Option<u64>,
     /// Attempts after the first for a transient failure.
     pub retries: u32,
-    /// Stop after this many messages in a row exhausted their retries.
+    /// Stop after this many messages in a row failed (a dead or missing destination), whether
+    /// they exhausted their retries or failed for good.
     pub max_consecutive_failures: u32,
     /// Stop when this many moved messages have come back to the DLQ during the run.
     pub max_returns: u64,
@@ -102,7 +103,7 @@ impl Engine<'_> {
         // handled twice, and a moved one that comes back is noticed.
         let mut seen = HashSet::new();
         let mut moved = HashSet::new();
-        let mut consecutive_exhausted = 0u32;
+        let mut consecutive_failures = 0u32;
         let now = Utc::now();
         // Messages left in the DLQ are released only when the run ends: released earlier,
         // a queue would hand the same ones out again and hide the rest behind them.
@@ -203,13 +204,11 @@ impl Engine<'_> {
             for (m, result) in moves.into_iter().zip(results) {
                 match result {
                     Ok(()) => {
-                        consecutive_exhausted = 0;
+                        consecutive_failures = 0;
                         confirmed.push((m.received, m.redrive_id, Some(m.destination)));
                     }
                     Err(e) => {
-                        if e.failure == Failure::Transient {
-                            consecutive_exhausted += 1;
-                        }
+                        consecutive_failures += 1;
                         summary.failed += 1;
                         let label = m.destination.label.clone();
                         self.log(
@@ -265,9 +264,9 @@ impl Engine<'_> {
             if summary.stopped.is_some() {
                 break 'run;
             }
-            if consecutive_exhausted >= self.options.max_consecutive_failures {
+            if consecutive_failures >= self.options.max_consecutive_failures {
                 summary.stopped = Some(format!(
-                    "{consecutive_exhausted} messages in a row failed after every retry: the destination looks down"
+                    "{consecutive_failures} messages in a row could not be delivered: the destination looks down or gone"
                 ));
                 break;
             }

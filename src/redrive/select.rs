@@ -212,12 +212,7 @@ impl Predicate {
             Field::Body(path) => {
                 let json =
                     body.get_or_insert_with(|| serde_json::from_slice(letter.body_bytes()).ok());
-                json.as_ref()
-                    .and_then(|j| lookup(j, path))
-                    .map(|v| match v {
-                        serde_json::Value::String(s) => s.clone(),
-                        other => other.to_string(),
-                    })
+                json.as_ref().and_then(|j| lookup(j, path)).map(json_text)
             }
         };
         match (&self.test, actual) {
@@ -227,6 +222,60 @@ impl Predicate {
             (Test::Equals(_, positive) | Test::Matches(_, positive), None) => !positive,
             (Test::Compare(..), _) => unreachable!("handled above"),
         }
+    }
+}
+
+/// `--reason-from`: an application's own field that names the failure, such as a header
+/// its error handler sets or an `error.type` in a JSON body.
+#[derive(Debug, Clone)]
+pub enum ReasonFrom {
+    Header(String),
+    Body(Vec<String>),
+}
+
+impl ReasonFrom {
+    pub fn parse(text: &str) -> Result<ReasonFrom> {
+        let header = text
+            .strip_prefix("header:")
+            .or_else(|| text.strip_prefix("attr:"));
+        if let Some(name) = header.filter(|n| !n.is_empty()) {
+            return Ok(ReasonFrom::Header(name.to_owned()));
+        }
+        if let Some(path) = text.strip_prefix("body.").filter(|p| !p.is_empty()) {
+            return Ok(ReasonFrom::Body(
+                path.split('.').map(str::to_owned).collect(),
+            ));
+        }
+        Err(Error::Usage(format!(
+            "--reason-from {text:?}: expected header:NAME, attr:NAME or body.PATH"
+        )))
+    }
+
+    /// Record the field's value as the exception class; a letter without it is unchanged.
+    pub fn apply(&self, letter: &mut DeadLetter) {
+        let found = match self {
+            ReasonFrom::Header(name) => letter
+                .headers
+                .get(name)
+                .or_else(|| letter.extras.get(name))
+                .map(Value::to_string),
+            ReasonFrom::Body(path) => {
+                serde_json::from_slice::<serde_json::Value>(letter.body_bytes())
+                    .ok()
+                    .and_then(|json| lookup(&json, path).map(json_text))
+            }
+        };
+        if let Some(class) = found {
+            letter.reason.exception_class = Some(class);
+        }
+    }
+}
+
+/// A JSON value as text: strings bare, everything else as JSON.
+fn json_text(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
     }
 }
 
@@ -342,6 +391,25 @@ mod tests {
             assert!(matches!(err, Error::Usage(_)), "{expr}");
             assert!(msg.contains(expr) && msg.contains(why), "{expr}: {msg}");
         }
+    }
+
+    #[test]
+    fn reason_from_a_header_or_a_body_field() {
+        let mut l = letter();
+        ReasonFrom::parse("header:tenant").unwrap().apply(&mut l);
+        assert_eq!(l.reason.exception_class.as_deref(), Some("acme"));
+        ReasonFrom::parse("body.type").unwrap().apply(&mut l);
+        assert_eq!(
+            l.reason.exception_class.as_deref(),
+            Some("refund.requested")
+        );
+        ReasonFrom::parse("attr:missing").unwrap().apply(&mut l);
+        assert_eq!(
+            l.reason.exception_class.as_deref(),
+            Some("refund.requested"),
+            "unchanged"
+        );
+        assert!(ReasonFrom::parse("tenant").is_err());
     }
 
     #[test]

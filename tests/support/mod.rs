@@ -117,6 +117,16 @@ pub struct Namespace {
 
 impl Namespace {
     pub fn create(broker: TestBroker, letters: &[dlqctl::model::DeadLetter]) -> Namespace {
+        Namespace::create_kind(broker, broker.key(), letters)
+    }
+
+    /// A namespace made by one of `scripts/brokers fixture`'s kinds for `broker`
+    /// (`rabbitmq-story`, `rabbitmq-exchange`, ...).
+    pub fn create_kind(
+        broker: TestBroker,
+        kind: &str,
+        letters: &[dlqctl::model::DeadLetter],
+    ) -> Namespace {
         use std::io::Write;
         use std::process::{Command, Stdio};
         use std::sync::atomic::{AtomicU32, Ordering};
@@ -129,7 +139,7 @@ impl Namespace {
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
         let mut child = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/brokers"))
-            .args(["fixture", broker.key(), &name])
+            .args(["fixture", kind, &name])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -143,8 +153,7 @@ impl Namespace {
         let out = child.wait_with_output().unwrap();
         assert!(
             out.status.success(),
-            "scripts/brokers fixture {} {name} failed",
-            broker.key()
+            "scripts/brokers fixture {kind} {name} failed"
         );
         let target = String::from_utf8(out.stdout).unwrap().trim().to_owned();
         Namespace {
