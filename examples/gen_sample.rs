@@ -60,8 +60,7 @@ fn parse_count() -> u64 {
 /// 1:3 SQS, the rest Kafka) so any prefix of the archive has all of them.
 fn make(i: u64, rng: &mut Rng) -> DeadLetter {
     // Failures spread over the ten days before the epoch, so every age bucket is used.
-    let failed = Utc.timestamp_opt(EPOCH_SECONDS, 0).unwrap()
-        - Duration::seconds(rng.below(10 * 86_400) as i64);
+    let failed = Utc.timestamp_opt(EPOCH_SECONDS, 0).unwrap() - Duration::seconds(rng.below(10 * 86_400) as i64);
     match i % 15 {
         0..=5 => rabbitmq(i, rng, failed),
         6..=10 => sqs(i, rng, failed),
@@ -71,15 +70,8 @@ fn make(i: u64, rng: &mut Rng) -> DeadLetter {
 
 fn order_json(i: u64, rng: &mut Rng) -> Vec<u8> {
     let items = 1 + rng.below(4);
-    let lines: Vec<String> = (0..items)
-        .map(|n| {
-            format!(
-                r#"{{"sku":"SKU-{:05}","qty":{}}}"#,
-                rng.below(99_999),
-                n + 1
-            )
-        })
-        .collect();
+    let lines: Vec<String> =
+        (0..items).map(|n| format!(r#"{{"sku":"SKU-{:05}","qty":{}}}"#, rng.below(99_999), n + 1)).collect();
     format!(
         r#"{{"type":"{}","order_id":"ord-{i:07}","customer":{{"id":{},"email":"customer{}@example.com"}},"total":{}.{:02},"items":[{}]}}"#,
         rng.pick(&["order.created", "order.updated", "refund.requested"]),
@@ -146,10 +138,7 @@ fn rabbitmq(i: u64, rng: &mut Rng, last: DateTime<Utc>) -> DeadLetter {
             routing_keys: vec![routing_key.into()],
             ..Source::default()
         },
-        reason: Reason {
-            raw: Some(reason.into()),
-            ..Reason::new(kind)
-        },
+        reason: Reason { raw: Some(reason.into()), ..Reason::new(kind) },
         failure_count: Some(count as u64),
         first_failed_at: Some(first),
         last_failed_at: Some(last),
@@ -187,19 +176,13 @@ fn sqs(i: u64, rng: &mut Rng, failed: DateTime<Utc>) -> DeadLetter {
     let mut attributes = Headers::new();
     let mut extras = Headers::new()
         .with("SentTimestamp", (sent.timestamp_millis()).to_string())
-        .with(
-            "ApproximateFirstReceiveTimestamp",
-            (sent.timestamp_millis() + 1_000).to_string(),
-        );
+        .with("ApproximateFirstReceiveTimestamp", (sent.timestamp_millis() + 1_000).to_string());
     let (source, reason, receive_count) = match rng.below(10) {
         // Lambda asynchronous invocation DLQ: the function's error rides in attributes.
         0..=2 => {
             let (code, message) = *rng.pick(&[
                 ("200", "Task timed out after 30.00 seconds"),
-                (
-                    "200",
-                    "Unhandled: TypeError: Cannot read properties of undefined (reading 'sku')",
-                ),
+                ("200", "Unhandled: TypeError: Cannot read properties of undefined (reading 'sku')"),
                 ("429", "Rate Exceeded."),
             ]);
             attributes.push("RequestID", format!("{:032x}", rng.next() as u128 * 7919));
@@ -216,23 +199,11 @@ fn sqs(i: u64, rng: &mut Rng, failed: DateTime<Utc>) -> DeadLetter {
         // EventBridge target DLQ.
         3..=4 => {
             let (code, message) = *rng.pick(&[
-                (
-                    "SDK_CLIENT_ERROR",
-                    "Unable to invoke Lambda function: the function does not exist",
-                ),
-                (
-                    "NO_PERMISSIONS",
-                    "EventBridge is not authorized to invoke the target",
-                ),
+                ("SDK_CLIENT_ERROR", "Unable to invoke Lambda function: the function does not exist"),
+                ("NO_PERMISSIONS", "EventBridge is not authorized to invoke the target"),
             ]);
-            attributes.push(
-                "RULE_ARN",
-                format!("arn:aws:events:us-east-1:{ACCOUNT}:rule/orders-to-fulfilment"),
-            );
-            attributes.push(
-                "TARGET_ARN",
-                format!("arn:aws:lambda:us-east-1:{ACCOUNT}:function:orders-fulfilment-fn"),
-            );
+            attributes.push("RULE_ARN", format!("arn:aws:events:us-east-1:{ACCOUNT}:rule/orders-to-fulfilment"));
+            attributes.push("TARGET_ARN", format!("arn:aws:lambda:us-east-1:{ACCOUNT}:function:orders-fulfilment-fn"));
             attributes.push("ERROR_CODE", code);
             attributes.push("ERROR_MESSAGE", message);
             attributes.push("EXHAUSTED_RETRY_CONDITION", "MaximumRetryAttempts");
@@ -287,10 +258,8 @@ fn kafka(i: u64, rng: &mut Rng, failed: DateTime<Utc>) -> DeadLetter {
     let dlt_offset = i as i64;
     let original_offset = 10_000 + rng.below(90_000) as i64;
     let key = format!("customer-{}", rng.below(5_000));
-    let mut extras = Headers::new()
-        .with("partition", partition as i64)
-        .with("offset", dlt_offset)
-        .with("timestamp", failed);
+    let mut extras =
+        Headers::new().with("partition", partition as i64).with("offset", dlt_offset).with("timestamp", failed);
     // A few records have no key, as many producers send.
     if rng.below(10) != 0 {
         extras.push("key", key);
@@ -301,11 +270,7 @@ fn kafka(i: u64, rng: &mut Rng, failed: DateTime<Utc>) -> DeadLetter {
         spring_headers(rng, partition, original_offset, failed)
     };
     // Tombstones (null values) reach DLTs too.
-    let body = if rng.below(25) == 0 {
-        None
-    } else {
-        body(i, rng)
-    };
+    let body = if rng.below(25) == 0 { None } else { body(i, rng) };
     DeadLetter {
         id: format!("{dlq}-{partition}@{dlt_offset}"),
         broker: Some(BrokerKind::Kafka),
@@ -354,7 +319,10 @@ fn spring_headers(
         .with("kafka_dlt-exception-fqcn", class)
         .with("kafka_dlt-exception-cause-fqcn", cause)
         .with("kafka_dlt-exception-message", message)
-        .with("kafka_dlt-exception-stacktrace", format!("{class}: {message}\n\tat com.example.orders.OrderListener.onMessage(OrderListener.java:42)\n"))
+        .with(
+            "kafka_dlt-exception-stacktrace",
+            format!("{class}: {message}\n\tat com.example.orders.OrderListener.onMessage(OrderListener.java:42)\n"),
+        )
         .with("kafka_dlt-original-topic", "orders")
         .with("kafka_dlt-original-partition", partition.to_be_bytes().to_vec())
         .with("kafka_dlt-original-offset", offset.to_be_bytes().to_vec())
@@ -396,10 +364,7 @@ fn connect_headers(rng: &mut Rng, partition: i32, offset: i64) -> (&'static str,
         .with("__connect.errors.class.name", class)
         .with("__connect.errors.exception.class.name", exception)
         .with("__connect.errors.exception.message", message)
-        .with(
-            "__connect.errors.exception.stacktrace",
-            format!("{exception}: {message}\n\tat {class}.put\n"),
-        );
+        .with("__connect.errors.exception.stacktrace", format!("{exception}: {message}\n\tat {class}.put\n"));
     let reason = Reason {
         raw: Some(exception.into()),
         exception_class: Some(exception.into()),

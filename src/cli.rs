@@ -43,13 +43,7 @@ pub struct Cli {
 
     /// Config file with named targets and redaction rules
     /// [default: $XDG_CONFIG_HOME/dlqctl/config.toml]
-    #[arg(
-        long,
-        global = true,
-        env = "DLQCTL_CONFIG",
-        hide_env_values = true,
-        value_name = "FILE"
-    )]
+    #[arg(long, global = true, env = "DLQCTL_CONFIG", hide_env_values = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
     /// Print no notes on stderr, only errors.
@@ -229,7 +223,29 @@ pub struct RedriveArgs {
     #[arg(long, value_name = "N", default_value_t = 5)]
     pub retries: u32,
 
+    /// How to move: the broker's own server-side move (SQS move task: everything back to its
+    /// source), a client-side move by dlqctl (needed for --where, --to, --limit,
+    /// --max-redrives), or whichever fits.
+    #[arg(long, value_enum, default_value_t = Mode::Auto)]
+    pub mode: Mode,
+
+    /// Show the DLQ's server-side move task and its progress, then exit.
+    #[arg(long, conflicts_with_all = ["cancel", "dry_run"])]
+    pub status: bool,
+
+    /// Cancel the DLQ's running server-side move task, then exit.
+    #[arg(long, conflicts_with = "dry_run")]
+    pub cancel: bool,
+
     /// Stop after N messages in a row could not be delivered (the destination looks down or gone).
     #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_consecutive_failures: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// Server-side when nothing is filtered and everything goes back to its source.
+    Auto,
+    Server,
+    Client,
 }

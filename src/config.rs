@@ -62,21 +62,12 @@ impl Config {
             },
         };
         let text = std::fs::read_to_string(&path).map_err(|e| {
-            Error::io(
-                format!(
-                    "cannot read config file {} (check --config or DLQCTL_CONFIG)",
-                    path.display()
-                ),
-                e,
-            )
+            Error::io(format!("cannot read config file {} (check --config or DLQCTL_CONFIG)", path.display()), e)
         })?;
         let mut config: Config = toml::from_str(&text).map_err(|e| {
             // toml's message spans several lines with a caret; keep the first one.
             let first = e.message().lines().next().unwrap_or_default().to_owned();
-            let line = e
-                .span()
-                .map(|s| format!(":{}", text[..s.start].matches('\n').count() + 1))
-                .unwrap_or_default();
+            let line = e.span().map(|s| format!(":{}", text[..s.start].matches('\n').count() + 1)).unwrap_or_default();
             Error::Usage(format!("config file {}{line}: {first}", path.display()))
         })?;
         config.path = Some(path);
@@ -88,11 +79,7 @@ impl Config {
         let Some(named) = self.targets.get(input) else {
             return Target::parse(input);
         };
-        let where_ = self
-            .path
-            .as_deref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_default();
+        let where_ = self.path.as_deref().map(|p| p.display().to_string()).unwrap_or_default();
         let mut target = Target::parse(&named.url)
             .map_err(|e| Error::Usage(format!("target {input:?} in config file {where_}: {e}")))?;
         let password = match (&named.password, &named.password_env) {
@@ -153,9 +140,7 @@ mod tests {
             password_env = "DLQCTL_TEST_PW_1"
             "#,
         );
-        let Target::Rabbitmq(RabbitmqTarget { password, .. }) = c.resolve("prod").unwrap() else {
-            panic!()
-        };
+        let Target::Rabbitmq(RabbitmqTarget { password, .. }) = c.resolve("prod").unwrap() else { panic!() };
         assert_eq!(password.unwrap().expose(), "hunter2");
         let shown = c.resolve("prod").unwrap().to_string();
         assert!(!shown.contains("hunter2"), "{shown}");
@@ -163,9 +148,7 @@ mod tests {
 
     #[test]
     fn missing_password_variable_is_named() {
-        let c = config(
-            "[targets.p]\nurl = \"rabbitmq://ops@mq/v/q\"\npassword_env = \"DLQCTL_TEST_UNSET_VAR\"\n",
-        );
+        let c = config("[targets.p]\nurl = \"rabbitmq://ops@mq/v/q\"\npassword_env = \"DLQCTL_TEST_UNSET_VAR\"\n");
         let err = c.resolve("p").unwrap_err().to_string();
         assert!(err.contains("$DLQCTL_TEST_UNSET_VAR"), "{err}");
     }

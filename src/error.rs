@@ -13,21 +13,11 @@ pub enum Error {
 
     /// The backend cannot do this at all; the sentence says what to do instead.
     #[error("{backend} cannot {operation}: {why}")]
-    NotSupported {
-        backend: &'static str,
-        operation: &'static str,
-        why: String,
-    },
+    NotSupported { backend: &'static str, operation: &'static str, why: String },
 
     /// A line of a JSONL archive is not a dead letter.
-    #[error(
-        "{source_name}:{line}: {message} (fix the line, or pass --skip-invalid to skip bad lines)"
-    )]
-    InvalidRecord {
-        source_name: String,
-        line: u64,
-        message: String,
-    },
+    #[error("{source_name}:{line}: {message} (fix the line, or pass --skip-invalid to skip bad lines)")]
+    InvalidRecord { source_name: String, line: u64, message: String },
 
     /// An I/O failure, with what we were doing when it happened.
     #[error("{context}: {source}")]
@@ -49,10 +39,7 @@ pub enum Error {
 
 impl Error {
     pub fn io(context: impl Into<String>, source: io::Error) -> Self {
-        Error::Io {
-            context: context.into(),
-            source,
-        }
+        Error::Io { context: context.into(), source }
     }
 
     /// The documented exit code: 2 for usage errors, 1 for every runtime failure.

@@ -83,11 +83,7 @@ impl Headers {
 
 impl<K: Into<String>, V: Into<Value>> FromIterator<(K, V)> for Headers {
     fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
-        Headers(
-            iter.into_iter()
-                .map(|(k, v)| (k.into(), v.into()))
-                .collect(),
-        )
+        Headers(iter.into_iter().map(|(k, v)| (k.into(), v.into())).collect())
     }
 }
 
@@ -214,11 +210,7 @@ impl Serialize for Value {
     }
 }
 
-fn tagged<S: Serializer, T: Serialize + ?Sized>(
-    s: S,
-    tag: &str,
-    value: &T,
-) -> Result<S::Ok, S::Error> {
+fn tagged<S: Serializer, T: Serialize + ?Sized>(s: S, tag: &str, value: &T) -> Result<S::Ok, S::Error> {
     let mut map = s.serialize_map(Some(1))?;
     map.serialize_entry(tag, value)?;
     map.end()
@@ -281,11 +273,9 @@ impl<'de> Visitor<'de> for ValueVisitor {
         Ok(Value::Int(n))
     }
     fn visit_u64<E: de::Error>(self, n: u64) -> Result<Value, E> {
-        i64::try_from(n).map(Value::Int).map_err(|_| {
-            E::custom(format!(
-                "integer {n} is larger than a signed 64-bit header value"
-            ))
-        })
+        i64::try_from(n)
+            .map(Value::Int)
+            .map_err(|_| E::custom(format!("integer {n} is larger than a signed 64-bit header value")))
     }
     fn visit_f64<E>(self, x: f64) -> Result<Value, E> {
         Ok(Value::Float(x))
@@ -311,9 +301,7 @@ impl<'de> Visitor<'de> for ValueVisitor {
             let inner: Headers = map.next_value()?;
             return match map.next_key::<String>()? {
                 None => Ok(Value::Table(inner)),
-                Some(k) => Err(de::Error::custom(format!(
-                    "unexpected key {k:?} beside {TAG_TABLE}"
-                ))),
+                Some(k) => Err(de::Error::custom(format!("unexpected key {k:?} beside {TAG_TABLE}"))),
             };
         }
         let first_value: Value = map.next_value()?;
@@ -374,9 +362,7 @@ pub struct Reason {
     pub message: Option<String>,
 }
 
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ReasonKind {
     Rejected,
@@ -413,10 +399,7 @@ impl fmt::Display for ReasonKind {
 
 impl Reason {
     pub fn new(kind: ReasonKind) -> Self {
-        Reason {
-            kind,
-            ..Reason::default()
-        }
+        Reason { kind, ..Reason::default() }
     }
 
     /// The most specific thing that failed: exception class, else error code.
@@ -493,9 +476,7 @@ impl DeadLetter {
 
     /// The time it most recently died, which is what "age" means in every verb.
     pub fn failed_at(&self) -> Option<DateTime<Utc>> {
-        self.last_failed_at
-            .or(self.first_failed_at)
-            .or(self.enqueued_at)
+        self.last_failed_at.or(self.first_failed_at).or(self.enqueued_at)
     }
 }
 
@@ -584,9 +565,7 @@ struct ArchiveLine {
 }
 
 fn de_time<'de, D: Deserializer<'de>>(d: D) -> Result<Option<DateTime<Utc>>, D::Error> {
-    Option::<&str>::deserialize(d)?
-        .map(|s| parse_time(s).map_err(de::Error::custom))
-        .transpose()
+    Option::<&str>::deserialize(d)?.map(|s| parse_time(s).map_err(de::Error::custom)).transpose()
 }
 
 impl<'de> Deserialize<'de> for DeadLetter {
@@ -654,10 +633,7 @@ mod tests {
                 routing_keys: vec!["order.created".into()],
                 ..Source::default()
             },
-            reason: Reason {
-                raw: Some("rejected".into()),
-                ..Reason::new(ReasonKind::Rejected)
-            },
+            reason: Reason { raw: Some("rejected".into()), ..Reason::new(ReasonKind::Rejected) },
             failure_count: Some(2),
             first_failed_at: Some(t("2026-11-29T09:00:00Z")),
             last_failed_at: Some(t("2026-11-29T10:00:00.123456Z")),
@@ -671,14 +647,8 @@ mod tests {
                 .with("nothing", Value::Null)
                 .with("dup", "a")
                 .with("dup", "b")
-                .with(
-                    "escaped",
-                    Value::Table(Headers::new().with("$bytes", "not base64!")),
-                )
-                .with(
-                    "plain",
-                    Value::Table(Headers::new().with("$bytes", "x").with("y", 1i64)),
-                ),
+                .with("escaped", Value::Table(Headers::new().with("$bytes", "not base64!")))
+                .with("plain", Value::Table(Headers::new().with("$bytes", "x").with("y", 1i64))),
             extras: Headers::new().with("key", vec![1u8, 2, 3]),
             body: Some(vec![0xff, 0x00, 0x41]),
         }
@@ -717,47 +687,31 @@ mod tests {
     fn headers_keep_their_order_and_repeats() {
         let letter = round_trip(&rich_letter());
         let names: Vec<_> = letter.headers.iter().map(|(k, _)| k).collect();
-        assert_eq!(
-            names,
-            [
-                "x-death", "bin", "ratio", "nan", "flag", "nothing", "dup", "dup", "escaped",
-                "plain"
-            ]
-        );
+        assert_eq!(names, ["x-death", "bin", "ratio", "nan", "flag", "nothing", "dup", "dup", "escaped", "plain"]);
     }
 
     #[test]
     fn tagged_values_are_readable_json() {
         let json = serde_json::to_string(&rich_letter().headers).unwrap();
         assert!(json.contains(r#""bin":{"$bytes":"AJ+Slg=="}"#), "{json}");
-        assert!(
-            json.contains(r#""time":{"$timestamp":"2026-11-29T10:00:00Z"}"#),
-            "{json}"
-        );
+        assert!(json.contains(r#""time":{"$timestamp":"2026-11-29T10:00:00Z"}"#), "{json}");
         assert!(json.contains(r#""ratio":2.0"#), "{json}");
-        assert!(
-            json.contains(r#""escaped":{"$table":{"$bytes":"not base64!"}}"#),
-            "{json}"
-        );
+        assert!(json.contains(r#""escaped":{"$table":{"$bytes":"not base64!"}}"#), "{json}");
     }
 
     #[test]
     fn other_schemas_are_refused_by_name() {
-        let err = serde_json::from_str::<DeadLetter>(
-            r#"{"schema":"dlqctl/dead-letter/v9","id":"x","body":""}"#,
-        )
-        .unwrap_err()
-        .to_string();
+        let err = serde_json::from_str::<DeadLetter>(r#"{"schema":"dlqctl/dead-letter/v9","id":"x","body":""}"#)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("dlqctl/dead-letter/v9"), "{err}");
     }
 
     #[test]
     fn unknown_fields_are_refused() {
-        let err = serde_json::from_str::<DeadLetter>(
-            r#"{"schema":"dlqctl/dead-letter/v1","id":"x","bdy":""}"#,
-        )
-        .unwrap_err()
-        .to_string();
+        let err = serde_json::from_str::<DeadLetter>(r#"{"schema":"dlqctl/dead-letter/v1","id":"x","bdy":""}"#)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("bdy"), "{err}");
     }
 }

@@ -42,13 +42,7 @@ impl Output {
             ColorChoice::Never => false,
             ColorChoice::Auto => tty && !no_color,
         };
-        Output {
-            format,
-            color,
-            tty,
-            quiet,
-            out: BufWriter::with_capacity(128 * 1024, stdout),
-        }
+        Output { format, color, tty, quiet, out: BufWriter::with_capacity(128 * 1024, stdout) }
     }
 
     pub fn quiet(&self) -> bool {
@@ -88,11 +82,7 @@ impl Output {
 
     fn header_cell(&self, text: &str) -> Cell {
         let cell = Cell::new(text.to_ascii_uppercase());
-        if self.color {
-            cell.add_attribute(Attribute::Bold)
-        } else {
-            cell
-        }
+        if self.color { cell.add_attribute(Attribute::Bold) } else { cell }
     }
 
     /// A cell coloured when colour is on.

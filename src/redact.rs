@@ -23,12 +23,10 @@ impl Redactor {
             if let Some(name) = field.strip_prefix("header.") {
                 r.header_names.push(name.to_ascii_lowercase());
             } else if let Some(path) = field.strip_prefix("body.") {
-                r.body_paths
-                    .push(path.split('.').map(str::to_owned).collect());
+                r.body_paths.push(path.split('.').map(str::to_owned).collect());
             } else {
                 r.header_names.push(field.to_ascii_lowercase());
-                r.body_paths
-                    .push(field.split('.').map(str::to_owned).collect());
+                r.body_paths.push(field.split('.').map(str::to_owned).collect());
             }
         }
         r
@@ -54,11 +52,7 @@ impl Redactor {
     fn redact_headers(&self, headers: &mut Headers) {
         for (name, value) in headers.iter_mut() {
             // Header names are case-insensitive in practice (HTTP-style producers vary).
-            if self
-                .header_names
-                .iter()
-                .any(|n| n.eq_ignore_ascii_case(name))
-            {
+            if self.header_names.iter().any(|n| n.eq_ignore_ascii_case(name)) {
                 *value = Value::String(REDACTED.into());
             } else {
                 self.redact_value(value);
@@ -103,9 +97,7 @@ fn redact_path(json: &mut serde_json::Value, path: &[String]) -> bool {
             None => false,
         },
         // A path through an array applies to each element: `items.card` hides every card.
-        serde_json::Value::Array(items) => items
-            .iter_mut()
-            .fold(false, |acc, item| redact_path(item, path) | acc),
+        serde_json::Value::Array(items) => items.iter_mut().fold(false, |acc, item| redact_path(item, path) | acc),
         _ => false,
     }
 }
@@ -119,10 +111,7 @@ mod tests {
             id: "1".into(),
             headers: Headers::new()
                 .with("Authorization", "Bearer abc")
-                .with(
-                    "x-death",
-                    vec![Value::Table(Headers::new().with("authorization", "nested"))],
-                )
+                .with("x-death", vec![Value::Table(Headers::new().with("authorization", "nested"))])
                 .with("trace", "keep"),
             body: Some(body.as_bytes().to_vec()),
             ..DeadLetter::default()
@@ -134,18 +123,13 @@ mod tests {
         let mut l = letter("{}");
         Redactor::new(["header.authorization"]).apply(&mut l);
         let json = serde_json::to_string(&l.headers).unwrap();
-        assert!(
-            !json.contains("Bearer") && !json.contains("nested"),
-            "{json}"
-        );
+        assert!(!json.contains("Bearer") && !json.contains("nested"), "{json}");
         assert!(json.contains("keep"));
     }
 
     #[test]
     fn body_paths_are_redacted_and_key_order_kept() {
-        let mut l = letter(
-            r#"{"z":1,"card":{"number":"4111","exp":"12/30"},"items":[{"pan":"1"},{"pan":"2"}]}"#,
-        );
+        let mut l = letter(r#"{"z":1,"card":{"number":"4111","exp":"12/30"},"items":[{"pan":"1"},{"pan":"2"}]}"#);
         Redactor::new(["body.card.number", "body.items.pan"]).apply(&mut l);
         assert_eq!(
             std::str::from_utf8(l.body_bytes()).unwrap(),
@@ -157,10 +141,7 @@ mod tests {
     fn bare_names_cover_headers_and_body() {
         let mut l = letter(r#"{"trace":"secret-body"}"#);
         Redactor::new(["trace"]).apply(&mut l);
-        assert_eq!(
-            l.headers.get("trace"),
-            Some(&Value::String(REDACTED.into()))
-        );
+        assert_eq!(l.headers.get("trace"), Some(&Value::String(REDACTED.into())));
         assert!(!String::from_utf8_lossy(l.body_bytes()).contains("secret-body"));
     }
 
@@ -171,10 +152,6 @@ mod tests {
         assert_eq!(l.body_bytes(), b"plain text card.number");
         let mut l = letter(r#"{ "a": 1 }"#);
         Redactor::new(["body.b"]).apply(&mut l);
-        assert_eq!(
-            l.body_bytes(),
-            br#"{ "a": 1 }"#,
-            "untouched bodies keep their formatting"
-        );
+        assert_eq!(l.body_bytes(), br#"{ "a": 1 }"#, "untouched bodies keep their formatting");
     }
 }

@@ -71,7 +71,7 @@ pub struct SqsTarget {
     pub prefix: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum SqsQueue {
     Name(String),
     Url(String),
@@ -119,9 +119,7 @@ impl Target {
             })),
             "kafka" => parse_kafka(&parts, &shown),
             "file" => Ok(Target::Archive(ArchiveTarget::File(PathBuf::from(rest)))),
-            other => Err(Error::Usage(format!(
-                "unknown scheme {other:?} in target {shown:?}: use {FORMS}"
-            ))),
+            other => Err(Error::Usage(format!("unknown scheme {other:?} in target {shown:?}: use {FORMS}"))),
         }
     }
 
@@ -179,14 +177,10 @@ impl fmt::Display for Target {
                     Some(SqsQueue::Name(n)) => write!(f, "sqs://{n}")?,
                     None => f.write_str("sqs://")?,
                 }
-                let query: Vec<String> = [
-                    ("region", &t.region),
-                    ("endpoint", &t.endpoint),
-                    ("prefix", &t.prefix),
-                ]
-                .into_iter()
-                .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={v}")))
-                .collect();
+                let query: Vec<String> = [("region", &t.region), ("endpoint", &t.endpoint), ("prefix", &t.prefix)]
+                    .into_iter()
+                    .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={v}")))
+                    .collect();
                 if !query.is_empty() {
                     write!(f, "?{}", query.join("&"))?;
                 }
@@ -207,14 +201,7 @@ impl fmt::Display for Target {
 }
 
 /// Characters escaped in a printed vhost or queue name, so the printed target parses back.
-const PATH_SEGMENT: &AsciiSet = &CONTROLS
-    .add(b'/')
-    .add(b'%')
-    .add(b'?')
-    .add(b'#')
-    .add(b' ')
-    .add(b'@')
-    .add(b':');
+const PATH_SEGMENT: &AsciiSet = &CONTROLS.add(b'/').add(b'%').add(b'?').add(b'#').add(b' ').add(b'@').add(b':');
 
 fn encode(s: &str) -> String {
     utf8_percent_encode(s, PATH_SEGMENT).to_string()
@@ -224,11 +211,7 @@ fn decode(s: &str, what: &str, shown: &str) -> Result<String> {
     percent_decode_str(s)
         .decode_utf8()
         .map(|c| c.into_owned())
-        .map_err(|_| {
-            Error::Usage(format!(
-                "{what} {s:?} in target {shown:?} is not valid percent-encoded UTF-8"
-            ))
-        })
+        .map_err(|_| Error::Usage(format!("{what} {s:?} in target {shown:?} is not valid percent-encoded UTF-8")))
 }
 
 /// Replace the password part of `scheme://user:password@host...` with `****`.
@@ -263,12 +246,7 @@ impl<'a> UrlParts<'a> {
             Some(at) => (Some(&authority[..at]), &authority[at + 1..]),
             None => (None, authority),
         };
-        UrlParts {
-            userinfo,
-            hosts,
-            path,
-            query,
-        }
+        UrlParts { userinfo, hosts, path, query }
     }
 
     fn path_segments(&self) -> Vec<&'a str> {
@@ -300,14 +278,13 @@ fn parse_host_port(hostport: &str, default_port: u16, shown: &str) -> Result<(St
     if host.is_empty() {
         return Err(Error::Usage(format!("missing host in target {shown:?}")));
     }
-    let port = match port {
-        None => default_port,
-        Some(p) => p.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
-            Error::Usage(format!(
-                "port {p:?} in target {shown:?} is not a number from 1 to 65535"
-            ))
-        })?,
-    };
+    let port =
+        match port {
+            None => default_port,
+            Some(p) => p.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
+                Error::Usage(format!("port {p:?} in target {shown:?} is not a number from 1 to 65535"))
+            })?,
+        };
     Ok((host.to_owned(), port))
 }
 
@@ -315,10 +292,7 @@ fn parse_rabbitmq(parts: &UrlParts, shown: &str) -> Result<Target> {
     let (user, password) = match parts.userinfo {
         None => ("guest".to_owned(), None),
         Some(info) => match info.split_once(':') {
-            Some((u, p)) => (
-                decode(u, "user", shown)?,
-                Some(Secret::new(decode(p, "password", shown)?)),
-            ),
+            Some((u, p)) => (decode(u, "user", shown)?, Some(Secret::new(decode(p, "password", shown)?))),
             None => (decode(info, "user", shown)?, None),
         },
     };
@@ -335,10 +309,7 @@ fn parse_rabbitmq(parts: &UrlParts, shown: &str) -> Result<Target> {
         Some(v) => decode(v, "vhost", shown)?,
         None => "/".to_owned(),
     };
-    let queue = segments
-        .get(1)
-        .map(|q| decode(q, "queue", shown))
-        .transpose()?;
+    let queue = segments.get(1).map(|q| decode(q, "queue", shown)).transpose()?;
     if let Some(q) = &queue {
         check_amqp_name(q, "queue", shown)?;
     }
@@ -361,10 +332,7 @@ fn parse_rabbitmq(parts: &UrlParts, shown: &str) -> Result<Target> {
             _ => target.routing_key = Some(value),
         }
     }
-    for name in [&target.exchange, &target.routing_key]
-        .into_iter()
-        .flatten()
-    {
+    for name in [&target.exchange, &target.routing_key].into_iter().flatten() {
         check_amqp_name(name, "exchange or routing key", shown)?;
     }
     Ok(Target::Rabbitmq(target))
@@ -401,12 +369,7 @@ fn parse_sqs(parts: &UrlParts, shown: &str) -> Result<Target> {
             Some(SqsQueue::Name(name.to_owned()))
         }
     };
-    let mut target = SqsTarget {
-        queue,
-        region: None,
-        endpoint: None,
-        prefix: None,
-    };
+    let mut target = SqsTarget { queue, region: None, endpoint: None, prefix: None };
     for (key, value) in parts.query_pairs(&["region", "endpoint", "prefix"], shown)? {
         match key {
             "region" => target.region = Some(value),
@@ -426,9 +389,7 @@ fn check_sqs_name(name: &str, shown: &str) -> Result<()> {
     let stem = name.strip_suffix(".fifo").unwrap_or(name);
     let valid = !stem.is_empty()
         && name.len() <= 80
-        && stem
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        && stem.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
     if valid {
         Ok(())
     } else {
@@ -443,9 +404,7 @@ fn parse_sqs_arn(input: &str) -> Result<Target> {
     // arn:PARTITION:sqs:REGION:ACCOUNT:NAME
     let fields: Vec<&str> = input.split(':').collect();
     if fields.len() != 6 || fields[2] != "sqs" {
-        return Err(Error::Usage(format!(
-            "{input:?} is not an SQS queue ARN (arn:aws:sqs:REGION:ACCOUNT:QUEUE)"
-        )));
+        return Err(Error::Usage(format!("{input:?} is not an SQS queue ARN (arn:aws:sqs:REGION:ACCOUNT:QUEUE)")));
     }
     check_sqs_name(fields[5], input)?;
     Ok(Target::Sqs(SqsTarget {
@@ -476,9 +435,7 @@ fn parse_kafka(parts: &UrlParts, shown: &str) -> Result<Target> {
     }
     let topic = segments.first().map(|t| (*t).to_owned());
     if let Some(t) = &topic {
-        let valid = t.len() <= 249
-            && t.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        let valid = t.len() <= 249 && t.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
         if !valid {
             return Err(Error::Usage(format!(
                 "topic {t:?} in target {shown:?} is not a valid Kafka topic name (letters, digits, . _ -)"
@@ -489,11 +446,7 @@ fn parse_kafka(parts: &UrlParts, shown: &str) -> Result<Target> {
     for (_, value) in parts.query_pairs(&["group"], shown)? {
         group = value;
     }
-    Ok(Target::Kafka(KafkaTarget {
-        bootstrap,
-        topic,
-        group,
-    }))
+    Ok(Target::Kafka(KafkaTarget { bootstrap, topic, group }))
 }
 
 #[cfg(test)]
@@ -509,8 +462,7 @@ mod tests {
 
     #[test]
     fn rabbitmq_queue_with_encoded_vhost() {
-        let Target::Rabbitmq(t) =
-            Target::parse("rabbitmq://ops:s3cret@mq.internal:5673/%2f/orders.dlq").unwrap()
+        let Target::Rabbitmq(t) = Target::parse("rabbitmq://ops:s3cret@mq.internal:5673/%2f/orders.dlq").unwrap()
         else {
             panic!()
         };
@@ -525,16 +477,13 @@ mod tests {
     fn rabbitmq_broker_level_defaults() {
         let target = Target::parse("rabbitmq://guest:guest@localhost").unwrap();
         assert!(!target.names_a_dlq());
-        let Target::Rabbitmq(t) = target else {
-            panic!()
-        };
+        let Target::Rabbitmq(t) = target else { panic!() };
         assert_eq!((t.port, t.vhost.as_str()), (5672, "/"));
     }
 
     #[test]
     fn rabbitmq_management_override() {
-        let Target::Rabbitmq(t) =
-            Target::parse("rabbitmq://u:p@h:5672/prod/q?management=https://mgmt:443").unwrap()
+        let Target::Rabbitmq(t) = Target::parse("rabbitmq://u:p@h:5672/prod/q?management=https://mgmt:443").unwrap()
         else {
             panic!()
         };
@@ -548,9 +497,7 @@ mod tests {
         let shown = target.to_string();
         assert_eq!(shown, "rabbitmq://ops:****@mq:5672/%2F/orders.dlq");
         assert!(!format!("{target:?}").contains("s3cret"));
-        let Target::Rabbitmq(back) = Target::parse(&shown).unwrap() else {
-            panic!()
-        };
+        let Target::Rabbitmq(back) = Target::parse(&shown).unwrap() else { panic!() };
         assert_eq!(back.vhost, "/");
     }
 
@@ -560,10 +507,7 @@ mod tests {
         assert!(msg.contains("\"56x2\""), "{msg}");
         assert!(!msg.contains("s3cret"), "{msg}");
         let msg = usage_error("rabbitmq://ops:s3cret@mq/v/q/extra");
-        assert!(
-            msg.contains("\"extra\"") && !msg.contains("s3cret"),
-            "{msg}"
-        );
+        assert!(msg.contains("\"extra\"") && !msg.contains("s3cret"), "{msg}");
         let msg = usage_error("rabbitmq://ops:s3cret@mq/v/q?tls=1");
         assert!(msg.contains("\"tls\"") && !msg.contains("s3cret"), "{msg}");
     }
@@ -577,17 +521,12 @@ mod tests {
     #[test]
     fn unknown_scheme_names_the_scheme_and_the_forms() {
         let msg = usage_error("redis://localhost/q");
-        assert!(
-            msg.contains("\"redis\"") && msg.contains("kafka://"),
-            "{msg}"
-        );
+        assert!(msg.contains("\"redis\"") && msg.contains("kafka://"), "{msg}");
     }
 
     #[test]
     fn sqs_forms() {
-        let Target::Sqs(t) =
-            Target::parse("sqs://orders-dlq?region=eu-west-1&endpoint=http://127.0.0.1:4566")
-                .unwrap()
+        let Target::Sqs(t) = Target::parse("sqs://orders-dlq?region=eu-west-1&endpoint=http://127.0.0.1:4566").unwrap()
         else {
             panic!()
         };
@@ -596,16 +535,12 @@ mod tests {
         assert_eq!(t.endpoint.as_deref(), Some("http://127.0.0.1:4566"));
 
         assert!(!Target::parse("sqs://?prefix=orders").unwrap().names_a_dlq());
-        let Target::Sqs(t) =
-            Target::parse("arn:aws:sqs:us-east-1:123456789012:orders-dlq.fifo").unwrap()
-        else {
+        let Target::Sqs(t) = Target::parse("arn:aws:sqs:us-east-1:123456789012:orders-dlq.fifo").unwrap() else {
             panic!()
         };
         assert_eq!(t.region.as_deref(), Some("us-east-1"));
         let url = "https://sqs.us-east-1.amazonaws.com/123456789012/orders-dlq";
-        let Target::Sqs(t) = Target::parse(url).unwrap() else {
-            panic!()
-        };
+        let Target::Sqs(t) = Target::parse(url).unwrap() else { panic!() };
         assert_eq!(t.queue, Some(SqsQueue::Url(url.into())));
     }
 
@@ -618,10 +553,7 @@ mod tests {
 
     #[test]
     fn kafka_several_bootstrap_servers_and_group() {
-        let Target::Kafka(t) = Target::parse("kafka://k1:9092,k2/orders.DLT?group=ops").unwrap()
-        else {
-            panic!()
-        };
+        let Target::Kafka(t) = Target::parse("kafka://k1:9092,k2/orders.DLT?group=ops").unwrap() else { panic!() };
         assert_eq!(t.bootstrap, ["k1:9092", "k2:9092"]);
         assert_eq!(t.topic.as_deref(), Some("orders.DLT"));
         assert_eq!(t.group, "ops");
@@ -631,10 +563,7 @@ mod tests {
 
     #[test]
     fn paths_and_stdin_are_archives() {
-        assert_eq!(
-            Target::parse("-").unwrap(),
-            Target::Archive(ArchiveTarget::Stdin)
-        );
+        assert_eq!(Target::parse("-").unwrap(), Target::Archive(ArchiveTarget::Stdin));
         assert_eq!(
             Target::parse("examples/orders-dlq.jsonl").unwrap(),
             Target::Archive(ArchiveTarget::File("examples/orders-dlq.jsonl".into()))

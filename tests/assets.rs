@@ -11,11 +11,7 @@ use clap_complete::Shell;
 fn render() -> Vec<(PathBuf, Vec<u8>)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
-    for (shell, name) in [
-        (Shell::Bash, "dlqctl.bash"),
-        (Shell::Zsh, "_dlqctl"),
-        (Shell::Fish, "dlqctl.fish"),
-    ] {
+    for (shell, name) in [(Shell::Bash, "dlqctl.bash"), (Shell::Zsh, "_dlqctl"), (Shell::Fish, "dlqctl.fish")] {
         let mut buf = Vec::new();
         clap_complete::generate(shell, &mut dlqctl::cli::Cli::command(), "dlqctl", &mut buf);
         files.push((root.join("completions").join(name), buf));

@@ -10,9 +10,7 @@ const SAMPLE_COUNT: u64 = 300;
 fn dlqctl() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_dlqctl"));
     // Keep the user's own config and colour settings out of the tests.
-    cmd.env("XDG_CONFIG_HOME", "/nonexistent")
-        .env_remove("DLQCTL_CONFIG")
-        .env_remove("NO_COLOR");
+    cmd.env("XDG_CONFIG_HOME", "/nonexistent").env_remove("DLQCTL_CONFIG").env_remove("NO_COLOR");
     cmd
 }
 
@@ -21,13 +19,8 @@ fn run(args: &[&str]) -> Output {
 }
 
 fn run_with_stdin(args: &[&str], stdin: &[u8]) -> Output {
-    let mut child = dlqctl()
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child =
+        dlqctl().args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     child.stdin.take().unwrap().write_all(stdin).unwrap();
     child.wait_with_output().unwrap()
 }
@@ -42,13 +35,7 @@ fn stderr(o: &Output) -> String {
 
 #[track_caller]
 fn assert_exit(o: &Output, code: i32) {
-    assert_eq!(
-        o.status.code(),
-        Some(code),
-        "stdout:\n{}\nstderr:\n{}",
-        stdout(o),
-        stderr(o)
-    );
+    assert_eq!(o.status.code(), Some(code), "stdout:\n{}\nstderr:\n{}", stdout(o), stderr(o));
 }
 
 /// A one-line error: exactly one line on stderr, prefixed, no panic or backtrace.
@@ -72,11 +59,7 @@ fn temp_file(dir: &Path, name: &str, content: &[u8]) -> PathBuf {
 }
 
 fn sample_lines() -> Vec<String> {
-    std::fs::read_to_string(SAMPLE)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect()
+    std::fs::read_to_string(SAMPLE).unwrap().lines().map(str::to_owned).collect()
 }
 
 #[test]
@@ -85,23 +68,12 @@ fn summarize_the_sample_as_a_table() {
     assert_exit(&o, 0);
     let out = stdout(&o);
     assert!(out.starts_with("REASON "), "{out}");
-    for reason in [
-        "rejected",
-        "expired",
-        "maxlen",
-        "delivery_limit",
-        "max_receive_count",
-        "exception",
-        "error_code",
-    ] {
+    for reason in ["rejected", "expired", "maxlen", "delivery_limit", "max_receive_count", "exception", "error_code"] {
         assert!(out.contains(reason), "{reason} missing from:\n{out}");
     }
     assert!(out.lines().last().unwrap().starts_with("total  "), "{out}");
     assert!(out.contains(&SAMPLE_COUNT.to_string()));
-    assert!(
-        !out.contains('\x1b'),
-        "no colour when stdout is not a terminal"
-    );
+    assert!(!out.contains('\x1b'), "no colour when stdout is not a terminal");
     assert!(stderr(&o).is_empty(), "quiet by default: {}", stderr(&o));
 }
 
@@ -117,24 +89,11 @@ fn summarize_json_is_the_documented_shape() {
     let sum: u64 = groups.iter().map(|g| g["count"].as_u64().unwrap()).sum();
     assert_eq!(sum, SAMPLE_COUNT);
     let first = &groups[0];
-    for field in [
-        "source",
-        "count",
-        "share",
-        "first_seen",
-        "last_seen",
-        "example_id",
-    ] {
+    for field in ["source", "count", "share", "first_seen", "last_seen", "example_id"] {
         assert!(first.get(field).is_some(), "{field} missing from {first}");
     }
-    let counts: Vec<u64> = groups
-        .iter()
-        .map(|g| g["count"].as_u64().unwrap())
-        .collect();
-    assert!(
-        counts.windows(2).all(|w| w[0] >= w[1]),
-        "largest group first: {counts:?}"
-    );
+    let counts: Vec<u64> = groups.iter().map(|g| g["count"].as_u64().unwrap()).collect();
+    assert!(counts.windows(2).all(|w| w[0] >= w[1]), "largest group first: {counts:?}");
 }
 
 #[test]
@@ -184,22 +143,13 @@ fn export_to_a_file_appears_only_when_complete() {
     let o = run(&["export", SAMPLE, "--file", out.to_str().unwrap()]);
     assert_exit(&o, 0);
     assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(SAMPLE).unwrap());
-    assert!(
-        stderr(&o).contains("exported 300 dead letters"),
-        "{}",
-        stderr(&o)
-    );
+    assert!(stderr(&o).contains("exported 300 dead letters"), "{}", stderr(&o));
 
     let mut lines = sample_lines();
     lines[150] = "{not json".into();
     let bad = temp_file(dir.path(), "bad.jsonl", lines.join("\n").as_bytes());
     let failed = dir.path().join("failed.jsonl");
-    let o = run(&[
-        "export",
-        bad.to_str().unwrap(),
-        "--file",
-        failed.to_str().unwrap(),
-    ]);
+    let o = run(&["export", bad.to_str().unwrap(), "--file", failed.to_str().unwrap()]);
     assert_exit(&o, 1);
     assert!(!failed.exists(), "a failed export leaves no file behind");
     assert!(!dir.path().join("failed.jsonl.partial").exists());
@@ -207,21 +157,11 @@ fn export_to_a_file_appears_only_when_complete() {
 
 #[test]
 fn export_redacts_headers_and_body_fields() {
-    let o = run(&[
-        "export",
-        SAMPLE,
-        "--redact",
-        "body.customer.email",
-        "--redact",
-        "header.tenant",
-    ]);
+    let o = run(&["export", SAMPLE, "--redact", "body.customer.email", "--redact", "header.tenant"]);
     assert_exit(&o, 0);
     let out = stdout(&o);
     assert!(!out.contains("@example.com"), "emails redacted");
-    assert!(
-        !out.contains("\"tenant\":\"acme\""),
-        "tenant header redacted"
-    );
+    assert!(!out.contains("\"tenant\":\"acme\""), "tenant header redacted");
     assert!(out.contains("[REDACTED]"));
     assert_eq!(out.lines().count() as u64, SAMPLE_COUNT);
 }
@@ -229,21 +169,8 @@ fn export_redacts_headers_and_body_fields() {
 #[test]
 fn redaction_rules_from_the_config_apply_to_peek() {
     let dir = tempfile::tempdir().unwrap();
-    let config = temp_file(
-        dir.path(),
-        "config.toml",
-        b"[redact]\nfields = [\"body.customer.email\"]\n",
-    );
-    let o = run(&[
-        "peek",
-        SAMPLE,
-        "-n",
-        "300",
-        "-o",
-        "json",
-        "--config",
-        config.to_str().unwrap(),
-    ]);
+    let config = temp_file(dir.path(), "config.toml", b"[redact]\nfields = [\"body.customer.email\"]\n");
+    let o = run(&["peek", SAMPLE, "-n", "300", "-o", "json", "--config", config.to_str().unwrap()]);
     assert_exit(&o, 0);
     assert!(!stdout(&o).contains("@example.com"));
 }
@@ -311,10 +238,7 @@ fn invalid_line_is_named_and_can_be_skipped() {
     assert_exit(&o, 0);
     assert_eq!(json(&o)["total"], SAMPLE_COUNT - 2);
     let err = stderr(&o);
-    assert!(
-        err.contains("skipped 2 invalid line(s)") && err.contains("first at line 17"),
-        "{err}"
-    );
+    assert!(err.contains("skipped 2 invalid line(s)") && err.contains("first at line 17"), "{err}");
 }
 
 #[test]
@@ -354,10 +278,7 @@ fn binary_bodies_survive_export() {
         .collect();
     assert!(!binary.is_empty(), "the sample has non-UTF-8 bodies");
     let o = run(&["peek", SAMPLE, "-n", "300"]);
-    assert!(
-        stdout(&o).contains("<binary, "),
-        "peek says a body is binary instead of printing it"
-    );
+    assert!(stdout(&o).contains("<binary, "), "peek says a body is binary instead of printing it");
 }
 
 #[test]
@@ -365,10 +286,7 @@ fn missing_file_is_a_one_line_error() {
     let o = run(&["summarize", "no/such/file.jsonl"]);
     assert_exit(&o, 1);
     let err = assert_one_line_error(&o);
-    assert!(
-        err.contains("no/such/file.jsonl") && err.contains("No such file"),
-        "{err}"
-    );
+    assert!(err.contains("no/such/file.jsonl") && err.contains("No such file"), "{err}");
 }
 
 #[test]
@@ -404,11 +322,7 @@ fn named_targets_come_from_the_config_file() {
         )
         .as_bytes(),
     );
-    let o = dlqctl()
-        .args(["summarize", "sample", "-o", "json"])
-        .env("DLQCTL_CONFIG", &config)
-        .output()
-        .unwrap();
+    let o = dlqctl().args(["summarize", "sample", "-o", "json"]).env("DLQCTL_CONFIG", &config).output().unwrap();
     assert_exit(&o, 0);
     assert_eq!(json(&o)["total"], SAMPLE_COUNT);
 
@@ -445,35 +359,20 @@ fn help_documents_targets_and_exit_codes() {
     let o = run(&["--help"]);
     assert_exit(&o, 0);
     let out = stdout(&o);
-    assert!(
-        out.contains("EXIT CODES") && out.contains("rabbitmq://USER:PASS@HOST:PORT/VHOST/QUEUE"),
-        "{out}"
-    );
+    assert!(out.contains("EXIT CODES") && out.contains("rabbitmq://USER:PASS@HOST:PORT/VHOST/QUEUE"), "{out}");
 }
 
 #[test]
 fn colour_only_when_asked_or_on_a_terminal() {
     let o = run(&["summarize", SAMPLE, "--color", "always"]);
-    assert!(
-        stdout(&o).contains('\x1b'),
-        "--color always colours even into a pipe"
-    );
+    assert!(stdout(&o).contains('\x1b'), "--color always colours even into a pipe");
     let o = run(&["summarize", SAMPLE]);
     assert!(!stdout(&o).contains('\x1b'));
 }
 
 #[test]
 fn where_selects_in_every_reading_verb() {
-    let o = run(&[
-        "summarize",
-        SAMPLE,
-        "--where",
-        "reason=rejected",
-        "--where",
-        "header.tenant=acme",
-        "-o",
-        "json",
-    ]);
+    let o = run(&["summarize", SAMPLE, "--where", "reason=rejected", "--where", "header.tenant=acme", "-o", "json"]);
     assert_exit(&o, 0);
     let report = json(&o);
     assert_eq!(report["groups"].as_array().unwrap().len(), 1);
@@ -481,36 +380,13 @@ fn where_selects_in_every_reading_verb() {
     let selected = report["total"].as_u64().unwrap();
     assert!(selected > 0 && selected < SAMPLE_COUNT);
 
-    let o = run(&[
-        "export",
-        SAMPLE,
-        "--where",
-        "reason=rejected",
-        "--where",
-        "header.tenant=acme",
-    ]);
+    let o = run(&["export", SAMPLE, "--where", "reason=rejected", "--where", "header.tenant=acme"]);
     assert_eq!(stdout(&o).lines().count() as u64, selected);
 
-    let o = run(&[
-        "peek",
-        SAMPLE,
-        "--where",
-        "body.type~^refund",
-        "-n",
-        "4",
-        "-o",
-        "json",
-    ]);
-    let lines: Vec<serde_json::Value> = stdout(&o)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let o = run(&["peek", SAMPLE, "--where", "body.type~^refund", "-n", "4", "-o", "json"]);
+    let lines: Vec<serde_json::Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(lines.len(), 4, "the limit counts matching messages");
-    assert!(
-        lines
-            .iter()
-            .all(|l| l["body"].as_str().unwrap().contains("\"type\":\"refund"))
-    );
+    assert!(lines.iter().all(|l| l["body"].as_str().unwrap().contains("\"type\":\"refund")));
 }
 
 #[test]
@@ -518,8 +394,5 @@ fn a_bad_where_is_a_usage_error_naming_it() {
     let o = run(&["summarize", SAMPLE, "--where", "colour=red"]);
     assert_exit(&o, 2);
     let err = assert_one_line_error(&o);
-    assert!(
-        err.contains("colour=red") && err.contains("unknown field"),
-        "{err}"
-    );
+    assert!(err.contains("colour=red") && err.contains("unknown field"), "{err}");
 }

@@ -18,28 +18,17 @@ struct Workspace {
 
 impl Workspace {
     fn with_sample() -> Workspace {
-        let w = Workspace {
-            dir: tempfile::tempdir().unwrap(),
-        };
+        let w = Workspace { dir: tempfile::tempdir().unwrap() };
         std::fs::copy(SAMPLE, w.path("dlq.jsonl")).unwrap();
         w
     }
 
     /// An archive of `count` distinct dead letters, from the sample generator.
     fn generated(count: u64) -> Workspace {
-        let w = Workspace {
-            dir: tempfile::tempdir().unwrap(),
-        };
-        let deps = std::env::current_exe()
-            .unwrap()
-            .parent()
-            .unwrap()
-            .to_path_buf();
+        let w = Workspace { dir: tempfile::tempdir().unwrap() };
+        let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
         let generator = deps.parent().unwrap().join("examples").join("gen_sample");
-        let out = Command::new(generator)
-            .args(["--count", &count.to_string()])
-            .output()
-            .unwrap();
+        let out = Command::new(generator).args(["--count", &count.to_string()]).output().unwrap();
         std::fs::write(w.path("dlq.jsonl"), out.stdout).unwrap();
         w
     }
@@ -90,13 +79,7 @@ fn text(b: &[u8]) -> String {
 
 #[track_caller]
 fn assert_exit(o: &Output, code: i32) {
-    assert_eq!(
-        o.status.code(),
-        Some(code),
-        "stdout:\n{}\nstderr:\n{}",
-        text(&o.stdout),
-        text(&o.stderr)
-    );
+    assert_eq!(o.status.code(), Some(code), "stdout:\n{}\nstderr:\n{}", text(&o.stdout), text(&o.stderr));
 }
 
 /// Every original is in the DLQ or at the destination; what is in both, or at the destination
@@ -105,9 +88,7 @@ fn check_nothing_lost(originals: &[DeadLetter], dlq: &Path, dest: &Path) -> (usi
     let in_dlq: HashSet<String> = read(dlq).iter().map(redrive_id).collect();
     let mut copies: HashMap<String, usize> = HashMap::new();
     for copy in read(dest) {
-        let Some(Value::String(id)) = copy.headers.get(REDRIVE_ID_HEADER) else {
-            panic!("copy without id")
-        };
+        let Some(Value::String(id)) = copy.headers.get(REDRIVE_ID_HEADER) else { panic!("copy without id") };
         *copies.entry(id.clone()).or_default() += 1;
     }
     let mut duplicated = 0;
@@ -129,10 +110,7 @@ fn without_a_terminal_it_refuses_unless_told_yes() {
     let o = w.run(&["redrive", "dlq.jsonl", "--to", "out.jsonl"]);
     assert_exit(&o, 2);
     let err = text(&o.stderr);
-    assert!(
-        err.contains("no terminal") && err.contains("--yes"),
-        "{err}"
-    );
+    assert!(err.contains("no terminal") && err.contains("--yes"), "{err}");
     assert_eq!(std::fs::read(w.path("dlq.jsonl")).unwrap(), before);
     assert!(!w.path("out.jsonl").exists());
 }
@@ -160,52 +138,21 @@ fn dry_run_plans_per_destination_and_reason_and_changes_nothing() {
     assert_eq!(plan["scanned"], 300);
     let selected = plan["selected"].as_u64().unwrap();
     let groups = plan["groups"].as_array().unwrap();
-    assert_eq!(
-        groups
-            .iter()
-            .map(|g| g["count"].as_u64().unwrap())
-            .sum::<u64>(),
-        selected
-    );
-    assert!(
-        groups
-            .iter()
-            .all(|g| g["destination"] == "archive out.jsonl")
-    );
-    assert!(
-        groups.iter().any(|g| g["reason"] == "rejected")
-            && groups.iter().any(|g| g["reason"] == "exception")
-    );
+    assert_eq!(groups.iter().map(|g| g["count"].as_u64().unwrap()).sum::<u64>(), selected);
+    assert!(groups.iter().all(|g| g["destination"] == "archive out.jsonl"));
+    assert!(groups.iter().any(|g| g["reason"] == "rejected") && groups.iter().any(|g| g["reason"] == "exception"));
 
-    assert_eq!(
-        std::fs::read(w.path("dlq.jsonl")).unwrap(),
-        before,
-        "the DLQ is untouched"
-    );
-    assert!(
-        !w.path("out.jsonl").exists(),
-        "a dry run does not even create the destination"
-    );
+    assert_eq!(std::fs::read(w.path("dlq.jsonl")).unwrap(), before, "the DLQ is untouched");
+    assert!(!w.path("out.jsonl").exists(), "a dry run does not even create the destination");
     let plan_lines: Vec<serde_json::Value> = std::fs::read_to_string(w.path("plan.jsonl"))
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(plan_lines[0]["plan"], "dlqctl/redrive-plan/v1");
-    assert_eq!(
-        plan_lines.len() as u64 - 1,
-        selected,
-        "one line per selected message, with its exact id"
-    );
+    assert_eq!(plan_lines.len() as u64 - 1, selected, "one line per selected message, with its exact id");
     assert!(plan_lines[1]["id"].is_string() && plan_lines[1]["redrive_id"].is_string());
-    assert_eq!(
-        std::fs::metadata(w.path("plan.jsonl"))
-            .unwrap()
-            .permissions()
-            .mode()
-            & 0o777,
-        0o600
-    );
+    assert_eq!(std::fs::metadata(w.path("plan.jsonl")).unwrap().permissions().mode() & 0o777, 0o600);
 }
 
 #[test]
@@ -231,29 +178,15 @@ fn a_selected_redrive_moves_exactly_the_selection_and_keeps_a_paper_trail() {
     ]);
     assert_exit(&o, 0);
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let expired = originals
-        .iter()
-        .filter(|l| l.reason.kind.as_str() == "expired")
-        .count() as u64;
+    let expired = originals.iter().filter(|l| l.reason.kind.as_str() == "expired").count() as u64;
     assert_eq!(report["summary"]["moved"], expired);
     assert_eq!(report["summary"]["still_in_dlq"], 300 - expired);
 
     let moved = read(&w.path("out.jsonl"));
     assert!(moved.iter().all(|l| l.reason.kind.as_str() == "expired"));
-    assert!(
-        moved
-            .iter()
-            .all(|l| l.headers.get(REDRIVE_COUNT_HEADER) == Some(&Value::Int(1)))
-    );
-    assert!(
-        read(&w.path("dlq.jsonl"))
-            .iter()
-            .all(|l| l.reason.kind.as_str() != "expired")
-    );
-    assert_eq!(
-        check_nothing_lost(&originals, &w.path("dlq.jsonl"), &w.path("out.jsonl")).2,
-        0
-    );
+    assert!(moved.iter().all(|l| l.headers.get(REDRIVE_COUNT_HEADER) == Some(&Value::Int(1))));
+    assert!(read(&w.path("dlq.jsonl")).iter().all(|l| l.reason.kind.as_str() != "expired"));
+    assert_eq!(check_nothing_lost(&originals, &w.path("dlq.jsonl"), &w.path("out.jsonl")).2, 0);
 
     let audit: Vec<serde_json::Value> = std::fs::read_to_string(w.path("audit.jsonl"))
         .unwrap()
@@ -267,43 +200,15 @@ fn a_selected_redrive_moves_exactly_the_selection_and_keeps_a_paper_trail() {
     assert!(header["operator"].as_str().unwrap().contains('@'));
     let moved_lines = audit.iter().filter(|l| l["outcome"] == "moved").count() as u64;
     assert_eq!(moved_lines, expired);
-    assert!(
-        audit[1..]
-            .iter()
-            .all(|l| l["redrive_id"].is_string() && l["message_id"].is_string())
-    );
-    assert_eq!(
-        std::fs::metadata(w.path("audit.jsonl"))
-            .unwrap()
-            .permissions()
-            .mode()
-            & 0o777,
-        0o600
-    );
-    assert_eq!(
-        std::fs::metadata(w.checkpoint())
-            .unwrap()
-            .permissions()
-            .mode()
-            & 0o777,
-        0o600
-    );
+    assert!(audit[1..].iter().all(|l| l["redrive_id"].is_string() && l["message_id"].is_string()));
+    assert_eq!(std::fs::metadata(w.path("audit.jsonl")).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(std::fs::metadata(w.checkpoint()).unwrap().permissions().mode() & 0o777, 0o600);
 }
 
 #[test]
 fn limit_caps_the_number_moved() {
     let w = Workspace::with_sample();
-    let o = w.run(&[
-        "redrive",
-        "dlq.jsonl",
-        "--to",
-        "out.jsonl",
-        "--limit",
-        "7",
-        "--yes",
-        "--rate",
-        "unlimited",
-    ]);
+    let o = w.run(&["redrive", "dlq.jsonl", "--to", "out.jsonl", "--limit", "7", "--yes", "--rate", "unlimited"]);
     assert_exit(&o, 0);
     assert_eq!(read(&w.path("out.jsonl")).len(), 7);
     assert_eq!(read(&w.path("dlq.jsonl")).len(), 293);
@@ -312,53 +217,21 @@ fn limit_caps_the_number_moved() {
 #[test]
 fn max_redrives_skips_messages_already_redriven_that_often() {
     let w = Workspace::with_sample();
-    let o = w.run(&[
-        "redrive",
-        "dlq.jsonl",
-        "--to",
-        "once.jsonl",
-        "--limit",
-        "5",
-        "--yes",
-        "--rate",
-        "unlimited",
-    ]);
+    let o = w.run(&["redrive", "dlq.jsonl", "--to", "once.jsonl", "--limit", "5", "--yes", "--rate", "unlimited"]);
     assert_exit(&o, 0);
     // The copies carry dlqctl-redrive-count 1; with --max-redrives 1 they stay where they are.
-    let o = w.run(&[
-        "redrive",
-        "once.jsonl",
-        "--to",
-        "twice.jsonl",
-        "--max-redrives",
-        "1",
-        "--yes",
-        "-o",
-        "json",
-    ]);
+    let o = w.run(&["redrive", "once.jsonl", "--to", "twice.jsonl", "--max-redrives", "1", "--yes", "-o", "json"]);
     assert_exit(&o, 0);
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(report["summary"]["over_max_redrives"], 5);
     assert_eq!(report["summary"]["moved"], 0);
     assert_eq!(read(&w.path("once.jsonl")).len(), 5);
     // With a higher guard they move, keep their redrive id and count up.
-    let o = w.run(&[
-        "redrive",
-        "once.jsonl",
-        "--to",
-        "twice.jsonl",
-        "--max-redrives",
-        "2",
-        "--yes",
-    ]);
+    let o = w.run(&["redrive", "once.jsonl", "--to", "twice.jsonl", "--max-redrives", "2", "--yes"]);
     assert_exit(&o, 0);
     let twice = read(&w.path("twice.jsonl"));
     assert_eq!(twice.len(), 5);
-    assert!(
-        twice
-            .iter()
-            .all(|l| l.headers.get(REDRIVE_COUNT_HEADER) == Some(&Value::Int(2)))
-    );
+    assert!(twice.iter().all(|l| l.headers.get(REDRIVE_COUNT_HEADER) == Some(&Value::Int(2))));
 }
 
 #[test]
@@ -368,48 +241,19 @@ fn messages_without_a_known_source_stay_and_are_reported() {
     let o = w.run(&["redrive", "dlq.jsonl", "--yes", "--limit", "4"]);
     assert_exit(&o, 1);
     let err = text(&o.stderr);
-    assert!(
-        err.contains("4 message(s) stayed in the DLQ") && err.contains("no known source"),
-        "{err}"
-    );
+    assert!(err.contains("4 message(s) stayed in the DLQ") && err.contains("no known source"), "{err}");
     assert_eq!(std::fs::read(w.path("dlq.jsonl")).unwrap(), before);
 }
 
 #[test]
 fn resume_refuses_a_checkpoint_of_another_redrive() {
     let w = Workspace::with_sample();
-    assert_exit(
-        &w.run(&[
-            "redrive",
-            "dlq.jsonl",
-            "--to",
-            "a.jsonl",
-            "--limit",
-            "1",
-            "--yes",
-        ]),
-        0,
-    );
+    assert_exit(&w.run(&["redrive", "dlq.jsonl", "--to", "a.jsonl", "--limit", "1", "--yes"]), 0);
     let checkpoint = w.checkpoint();
-    let o = w.run(&[
-        "redrive",
-        "dlq.jsonl",
-        "--to",
-        "b.jsonl",
-        "--yes",
-        "--resume",
-        checkpoint.to_str().unwrap(),
-    ]);
+    let o = w.run(&["redrive", "dlq.jsonl", "--to", "b.jsonl", "--yes", "--resume", checkpoint.to_str().unwrap()]);
     assert_exit(&o, 2);
-    assert!(
-        text(&o.stderr).contains("belongs to a redrive of dlq.jsonl to archive a.jsonl"),
-        "{}",
-        text(&o.stderr)
-    );
-    assert!(
-        !w.path("b.jsonl").exists(),
-        "refused before touching the destination"
-    );
+    assert!(text(&o.stderr).contains("belongs to a redrive of dlq.jsonl to archive a.jsonl"), "{}", text(&o.stderr));
+    assert!(!w.path("b.jsonl").exists(), "refused before touching the destination");
 }
 
 #[test]
@@ -418,38 +262,20 @@ fn ctrl_c_finishes_in_flight_messages_and_resume_completes() {
     let originals = read(&w.path("dlq.jsonl"));
     let child = w
         .dlqctl()
-        .args([
-            "redrive",
-            "dlq.jsonl",
-            "--to",
-            "out.jsonl",
-            "--yes",
-            "--rate",
-            "200",
-        ])
+        .args(["redrive", "dlq.jsonl", "--to", "out.jsonl", "--yes", "--rate", "200"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(400));
-    Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
+    Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
     let o = child.wait_with_output().unwrap();
     assert_exit(&o, 130);
     let err = text(&o.stderr);
-    assert!(
-        err.contains("interrupted") && err.contains("--resume"),
-        "{err}"
-    );
-    let (left, moved, dup) =
-        check_nothing_lost(&originals, &w.path("dlq.jsonl"), &w.path("out.jsonl"));
+    assert!(err.contains("interrupted") && err.contains("--resume"), "{err}");
+    let (left, moved, dup) = check_nothing_lost(&originals, &w.path("dlq.jsonl"), &w.path("out.jsonl"));
     assert_eq!(dup, 0, "a clean stop leaves no duplicate");
-    assert!(
-        left > 0 && moved > 0,
-        "stopped part way: {left} left, {moved} moved"
-    );
+    assert!(left > 0 && moved > 0, "stopped part way: {left} left, {moved} moved");
 
     let checkpoint = w.checkpoint();
     let o = w.run(&[
@@ -464,10 +290,7 @@ fn ctrl_c_finishes_in_flight_messages_and_resume_completes() {
         checkpoint.to_str().unwrap(),
     ]);
     assert_exit(&o, 0);
-    assert_eq!(
-        check_nothing_lost(&originals, &w.path("dlq.jsonl"), &w.path("out.jsonl")),
-        (0, 300, 0)
-    );
+    assert_eq!(check_nothing_lost(&originals, &w.path("dlq.jsonl"), &w.path("out.jsonl")), (0, 300, 0));
 }
 
 #[test]
@@ -478,16 +301,7 @@ fn kill_9_at_random_points_then_resume_loses_nothing() {
         let originals = read(&w.path("dlq.jsonl"));
         let mut child = w
             .dlqctl()
-            .args([
-                "redrive",
-                "dlq.jsonl",
-                "--to",
-                "out.jsonl",
-                "--yes",
-                "--rate",
-                "2000",
-                "-q",
-            ])
+            .args(["redrive", "dlq.jsonl", "--to", "out.jsonl", "--yes", "--rate", "2000", "-q"])
             .stdout(Stdio::null())
             .spawn()
             .unwrap();
@@ -510,16 +324,10 @@ fn kill_9_at_random_points_then_resume_loses_nothing() {
             checkpoint.to_str().unwrap(),
         ]);
         assert_exit(&o, 0);
-        let (left, _, dup) =
-            check_nothing_lost(&originals, &w.path("dlq.jsonl"), &w.path("out.jsonl"));
+        let (left, _, dup) = check_nothing_lost(&originals, &w.path("dlq.jsonl"), &w.path("out.jsonl"));
         assert_eq!(left, 0, "trial {trial}: the resumed run empties the DLQ");
-        assert!(
-            dup <= 10,
-            "trial {trial}: duplicates are bounded by --batch, got {dup}"
-        );
+        assert!(dup <= 10, "trial {trial}: duplicates are bounded by --batch, got {dup}");
         duplicates += dup;
     }
-    eprintln!(
-        "kill -9 trials: 5, messages lost: 0, duplicates (all with their original's redrive id): {duplicates}"
-    );
+    eprintln!("kill -9 trials: 5, messages lost: 0, duplicates (all with their original's redrive id): {duplicates}");
 }

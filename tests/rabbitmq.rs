@@ -32,13 +32,7 @@ fn text(b: &[u8]) -> String {
 #[track_caller]
 fn ok(args: &[&str]) -> Output {
     let o = dlqctl(args);
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{args:?}\nstdout:\n{}\nstderr:\n{}",
-        text(&o.stdout),
-        text(&o.stderr)
-    );
+    assert_eq!(o.status.code(), Some(0), "{args:?}\nstdout:\n{}\nstderr:\n{}", text(&o.stdout), text(&o.stderr));
     o
 }
 
@@ -47,10 +41,7 @@ fn json(o: &Output) -> serde_json::Value {
 }
 
 fn records(o: &Output) -> Vec<DeadLetter> {
-    text(&o.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    text(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
 fn counts(report: &serde_json::Value, field: &str) -> BTreeMap<String, u64> {
@@ -58,12 +49,7 @@ fn counts(report: &serde_json::Value, field: &str) -> BTreeMap<String, u64> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|g| {
-            (
-                g[field].as_str().unwrap().to_owned(),
-                g["count"].as_u64().unwrap(),
-            )
-        })
+        .map(|g| (g[field].as_str().unwrap().to_owned(), g["count"].as_u64().unwrap()))
         .collect()
 }
 
@@ -74,35 +60,16 @@ fn seeded(field: &str) -> BTreeMap<String, u64> {
 /// A queue's messages, read (and requeued) through dlqctl itself.
 fn queue(target: &str, queue: &str) -> Vec<DeadLetter> {
     let base = target.rsplit_once('/').unwrap().0;
-    records(&ok(&[
-        "peek",
-        &format!("{base}/{queue}"),
-        "-n",
-        "100000",
-        "-o",
-        "json",
-        "-q",
-    ]))
+    records(&ok(&["peek", &format!("{base}/{queue}"), "-n", "100000", "-o", "json", "-q"]))
 }
 
 fn management(method: &str, path: &str, body: Option<&str>) {
     let mut cmd = Command::new("curl");
-    cmd.args([
-        "-sf",
-        "-u",
-        "guest:guest",
-        "-X",
-        method,
-        "-H",
-        "content-type: application/json",
-    ]);
+    cmd.args(["-sf", "-u", "guest:guest", "-X", method, "-H", "content-type: application/json"]);
     if let Some(b) = body {
         cmd.args(["-d", b]);
     }
-    let status = cmd
-        .arg(format!("http://127.0.0.1:15672/api/{path}"))
-        .status()
-        .unwrap();
+    let status = cmd.arg(format!("http://127.0.0.1:15672/api/{path}")).status().unwrap();
     assert!(status.success(), "{method} {path}");
 }
 
@@ -126,15 +93,7 @@ fn every_reason_the_broker_wrote_is_decoded() {
     let by_reason = json(&ok(&["summarize", &dlq, "-o", "json", "-q"]));
     assert_eq!(by_reason["total"], seed_counts()["rabbitmq"]["total"]);
     assert_eq!(counts(&by_reason, "reason"), seeded("by_first_reason"));
-    let by_source = json(&ok(&[
-        "summarize",
-        &dlq,
-        "--by",
-        "source",
-        "-o",
-        "json",
-        "-q",
-    ]));
+    let by_source = json(&ok(&["summarize", &dlq, "--by", "source", "-o", "json", "-q"]));
     assert_eq!(counts(&by_source, "source"), seeded("by_source"));
 }
 
@@ -147,57 +106,25 @@ fn x_death_properties_and_headers_land_in_the_record() {
     let twice: Vec<&DeadLetter> = all.iter().filter(|l| l.id.starts_with("twice-")).collect();
     assert_eq!(twice.len(), 2);
     for l in &twice {
-        let Some(Value::List(deaths)) = l.headers.get("x-death") else {
-            panic!("no x-death")
-        };
+        let Some(Value::List(deaths)) = l.headers.get("x-death") else { panic!("no x-death") };
         assert_eq!(deaths.len(), 2, "two deaths, newest first");
         assert_eq!(l.failure_count, Some(2));
         assert_eq!(l.source.name.as_deref(), Some("orders.validate"));
         assert!(l.first_failed_at <= l.last_failed_at);
     }
     let expired = all.iter().find(|l| l.id.starts_with("expired-")).unwrap();
-    let Some(Value::List(deaths)) = expired.headers.get("x-death") else {
-        panic!()
-    };
-    let Value::Table(entry) = &deaths[0] else {
-        panic!()
-    };
-    assert_eq!(
-        entry.get("original-expiration"),
-        Some(&Value::String("100".into()))
-    );
+    let Some(Value::List(deaths)) = expired.headers.get("x-death") else { panic!() };
+    let Value::Table(entry) = &deaths[0] else { panic!() };
+    assert_eq!(entry.get("original-expiration"), Some(&Value::String("100".into())));
     let policy = all.iter().find(|l| l.id.starts_with("policy-")).unwrap();
-    assert_eq!(
-        policy.source.routing_keys,
-        ["invoice.created"],
-        "x-death keeps the original key"
-    );
-    assert_eq!(
-        policy.extras.get("routing_key"),
-        Some(&Value::String("dead.invoices".into()))
-    );
-    let Some(Value::Table(props)) = policy.extras.get("properties") else {
-        panic!()
-    };
-    for p in [
-        "message_id",
-        "correlation_id",
-        "content_type",
-        "app_id",
-        "delivery_mode",
-        "timestamp",
-    ] {
+    assert_eq!(policy.source.routing_keys, ["invoice.created"], "x-death keeps the original key");
+    assert_eq!(policy.extras.get("routing_key"), Some(&Value::String("dead.invoices".into())));
+    let Some(Value::Table(props)) = policy.extras.get("properties") else { panic!() };
+    for p in ["message_id", "correlation_id", "content_type", "app_id", "delivery_mode", "timestamp"] {
         assert!(props.get(p).is_some(), "property {p}");
     }
-    assert!(
-        all.iter().any(|l| l.body.as_deref() == Some(&[][..])),
-        "an empty body"
-    );
-    assert!(
-        all.iter()
-            .any(|l| std::str::from_utf8(l.body_bytes()).is_err()),
-        "a binary body"
-    );
+    assert!(all.iter().any(|l| l.body.as_deref() == Some(&[][..])), "an empty body");
+    assert!(all.iter().any(|l| std::str::from_utf8(l.body_bytes()).is_err()), "a binary body");
 }
 
 #[test]
@@ -207,31 +134,13 @@ fn list_shows_dead_letter_queues_and_their_sources() {
     };
     let report = json(&ok(&["list", SEED, "-o", "json"]));
     let dlqs = report["dlqs"].as_array().unwrap();
-    let dlq = dlqs
-        .iter()
-        .find(|d| d["name"] == "orders.dlq")
-        .expect("orders.dlq listed");
-    let sources: HashSet<&str> = dlq["sources"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s.as_str().unwrap())
-        .collect();
-    for s in [
-        "orders",
-        "orders.delayed",
-        "orders.priority",
-        "payments",
-        "invoices",
-        "orders.retry",
-    ] {
+    let dlq = dlqs.iter().find(|d| d["name"] == "orders.dlq").expect("orders.dlq listed");
+    let sources: HashSet<&str> = dlq["sources"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
+    for s in ["orders", "orders.delayed", "orders.priority", "payments", "invoices", "orders.retry"] {
         assert!(sources.contains(s), "{s} feeds orders.dlq: {sources:?}");
     }
     assert_eq!(dlq["retention"], 14 * 86_400);
-    assert!(
-        dlqs.iter().any(|d| d["name"] == "orders.retry"),
-        "the retry queue receives dead letters too"
-    );
+    assert!(dlqs.iter().any(|d| d["name"] == "orders.retry"), "the retry queue receives dead letters too");
 }
 
 #[test]
@@ -240,13 +149,7 @@ fn a_missing_dlx_and_an_unbounded_quorum_queue_are_flagged() {
         return;
     };
     let ns = Namespace::create(TestBroker::Rabbitmq, &letters(1));
-    let vhost = ns
-        .target
-        .trim_end_matches("/dlq")
-        .rsplit('/')
-        .next()
-        .unwrap()
-        .to_owned();
+    let vhost = ns.target.trim_end_matches("/dlq").rsplit('/').next().unwrap().to_owned();
     management(
         "PUT",
         &format!("queues/{vhost}/lost"),
@@ -261,9 +164,7 @@ fn a_missing_dlx_and_an_unbounded_quorum_queue_are_flagged() {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let notes = json(&ok(&["list", base, "-o", "json"]))["dlqs"].to_string();
-        if notes.contains("no-such-dlx")
-            && notes.contains("quorum queue loop has no delivery limit")
-        {
+        if notes.contains("no-such-dlx") && notes.contains("quorum queue loop has no delivery limit") {
             assert!(notes.contains("dropped"), "{notes}");
             break;
         }
@@ -282,11 +183,7 @@ fn peek_leaves_the_queue_as_it_was() {
     let first = records(&ok(&["peek", &ns.target, "-n", "3", "-o", "json", "-q"]));
     assert_eq!(first.len(), 3);
     let o = ok(&["peek", &ns.target, "-n", "10", "-o", "json"]);
-    assert!(
-        text(&o.stderr).contains("redelivered"),
-        "the cost is stated: {}",
-        text(&o.stderr)
-    );
+    assert!(text(&o.stderr).contains("redelivered"), "the cost is stated: {}", text(&o.stderr));
     let again = records(&o);
     assert_eq!(again.len(), 5, "nothing consumed");
     assert_eq!(again[0].id, first[0].id, "order kept");
@@ -313,10 +210,7 @@ fn redrive_returns_each_message_to_its_first_death_with_its_original_key() {
         "json",
     ]);
     assert_eq!(json(&o)["summary"]["moved"], 25);
-    let left: Vec<String> = queue(&story.target, "orders.dlq")
-        .into_iter()
-        .map(|m| m.id)
-        .collect();
+    let left: Vec<String> = queue(&story.target, "orders.dlq").into_iter().map(|m| m.id).collect();
     assert_eq!(left.len(), 4, "only the overflow messages stay: {left:?}");
     assert!(left.iter().all(|id| id.starts_with("maxlen-")));
 
@@ -324,14 +218,8 @@ fn redrive_returns_each_message_to_its_first_death_with_its_original_key() {
     let invoices = queue(&story.target, "invoices");
     assert_eq!(invoices.len(), 3);
     for m in &invoices {
-        assert_eq!(
-            m.extras.get("routing_key"),
-            Some(&Value::String("invoice.created".into()))
-        );
-        assert_eq!(
-            m.extras.get("exchange"),
-            Some(&Value::String("orders".into()))
-        );
+        assert_eq!(m.extras.get("routing_key"), Some(&Value::String("invoice.created".into())));
+        assert_eq!(m.extras.get("exchange"), Some(&Value::String("orders".into())));
         assert_eq!(m.headers.get(REDRIVE_COUNT_HEADER), Some(&Value::Int(1)));
     }
     // Died twice: back to where it first died, not to the retry queue.
@@ -340,15 +228,9 @@ fn redrive_returns_each_message_to_its_first_death_with_its_original_key() {
     let back = queue(&story.target, "orders");
     assert_eq!(back.len(), 12);
     for m in &back {
-        let original = before
-            .iter()
-            .find(|o| o.id == m.id)
-            .expect("same message id");
+        let original = before.iter().find(|o| o.id == m.id).expect("same message id");
         assert_eq!(m.body, original.body, "{}", m.id);
-        assert_eq!(
-            m.extras.get("properties"),
-            original.extras.get("properties")
-        );
+        assert_eq!(m.extras.get("properties"), original.extras.get("properties"));
         assert_eq!(m.headers.get("tenant"), original.headers.get("tenant"));
     }
 }
@@ -376,15 +258,8 @@ fn a_thousand_messages_at_200_per_second_none_lost() {
     let elapsed = started.elapsed();
     assert_eq!(json(&o)["summary"]["moved"], 1000);
     let source = queue(&ns.target, "source");
-    let seqs: HashSet<String> = source
-        .iter()
-        .map(|m| m.headers.get("seq").unwrap().to_string())
-        .collect();
-    assert_eq!(
-        seqs.len(),
-        1000,
-        "every message is back in its source, once"
-    );
+    let seqs: HashSet<String> = source.iter().map(|m| m.headers.get("seq").unwrap().to_string()).collect();
+    assert_eq!(seqs.len(), 1000, "every message is back in its source, once");
     assert!(queue(&ns.target, "dlq").is_empty());
     // The pace held: 1,000 at 200/s cannot finish in much under five seconds.
     assert!(elapsed >= Duration::from_millis(4_500), "{elapsed:?}");
@@ -393,22 +268,10 @@ fn a_thousand_messages_at_200_per_second_none_lost() {
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|l| l["outcome"] == "moved")
-        .map(|l| {
-            dlqctl::model::parse_time(l["time"].as_str().unwrap())
-                .unwrap()
-                .timestamp_micros() as f64
-                / 1e6
-        })
+        .map(|l| dlqctl::model::parse_time(l["time"].as_str().unwrap()).unwrap().timestamp_micros() as f64 / 1e6)
         .collect();
-    let busiest = times
-        .iter()
-        .map(|t| times.iter().filter(|u| **u >= *t && **u < t + 1.0).count())
-        .max()
-        .unwrap();
-    assert!(
-        busiest <= 220,
-        "no second above 110% of the rate: {busiest}"
-    );
+    let busiest = times.iter().map(|t| times.iter().filter(|u| **u >= *t && **u < t + 1.0).count()).max().unwrap();
+    assert!(busiest <= 220, "no second above 110% of the rate: {busiest}");
 }
 
 #[test]
@@ -417,18 +280,10 @@ fn a_deleted_destination_exchange_stops_the_run_and_loses_nothing() {
         return;
     };
     let ns = Namespace::create_kind(TestBroker::Rabbitmq, "rabbitmq-exchange", &letters(200));
-    let vhost = ns
-        .target
-        .trim_end_matches("/dlq")
-        .rsplit('/')
-        .next()
-        .unwrap()
-        .to_owned();
+    let vhost = ns.target.trim_end_matches("/dlq").rsplit('/').next().unwrap().to_owned();
     let state = tempfile::tempdir().unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_dlqctl"))
-        .args([
-            "redrive", &ns.target, "--yes", "--rate", "50", "-o", "json", "-q",
-        ])
+        .args(["redrive", &ns.target, "--yes", "--rate", "50", "-o", "json", "-q"])
         .env("XDG_STATE_HOME", state.path())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -462,27 +317,11 @@ fn credentials_never_appear_in_output_or_errors() {
         return;
     };
     let ns = Namespace::create(TestBroker::Rabbitmq, &letters(3));
-    let vhost = ns
-        .target
-        .trim_end_matches("/dlq")
-        .rsplit('/')
-        .next()
-        .unwrap()
-        .to_owned();
+    let vhost = ns.target.trim_end_matches("/dlq").rsplit('/').next().unwrap().to_owned();
     let password = "pw-9f3c1e-never-print";
     let user = format!("user-{vhost}");
-    management(
-        "PUT",
-        &format!("users/{user}"),
-        Some(&format!(
-            r#"{{"password":"{password}","tags":"management"}}"#
-        )),
-    );
-    management(
-        "PUT",
-        &format!("permissions/{vhost}/{user}"),
-        Some(r#"{"configure":".*","write":".*","read":".*"}"#),
-    );
+    management("PUT", &format!("users/{user}"), Some(&format!(r#"{{"password":"{password}","tags":"management"}}"#)));
+    management("PUT", &format!("permissions/{vhost}/{user}"), Some(r#"{"configure":".*","write":".*","read":".*"}"#));
     let dlq = format!("rabbitmq://{user}:{password}@127.0.0.1:5672/{vhost}/dlq");
     let base = format!("rabbitmq://{user}:{password}@127.0.0.1:5672/{vhost}");
     let wrong = format!("rabbitmq://{user}:{password}-wrong@127.0.0.1:5672/{vhost}/dlq");
@@ -494,27 +333,15 @@ fn credentials_never_appear_in_output_or_errors() {
         vec!["summarize".into(), dlq.clone(), "-o".into(), "json".into()],
         vec!["export".into(), dlq.clone()],
         vec!["redrive".into(), dlq.clone(), "--dry-run".into()],
-        vec![
-            "redrive".into(),
-            dlq.clone(),
-            "--yes".into(),
-            "--to".into(),
-            replay.to_str().unwrap().into(),
-        ],
+        vec!["redrive".into(), dlq.clone(), "--yes".into(), "--to".into(), replay.to_str().unwrap().into()],
         vec!["peek".into(), wrong],
-        vec![
-            "peek".into(),
-            format!("rabbitmq://{user}:{password}@127.0.0.1:1/{vhost}/dlq"),
-        ],
+        vec!["peek".into(), format!("rabbitmq://{user}:{password}@127.0.0.1:1/{vhost}/dlq")],
     ];
     for args in runs {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let o = dlqctl(&args);
         let all = format!("{}{}", text(&o.stdout), text(&o.stderr));
-        assert!(
-            !all.contains(password),
-            "{args:?} printed the password:\n{all}"
-        );
+        assert!(!all.contains(password), "{args:?} printed the password:\n{all}");
     }
     let state_files = std::fs::read_to_string(&replay).unwrap_or_default();
     assert!(!state_files.contains(password));
@@ -527,13 +354,7 @@ fn a_quorum_dlq_with_a_delivery_limit_is_read_only_with_force() {
         return;
     };
     let ns = Namespace::create(TestBroker::Rabbitmq, &letters(1));
-    let vhost = ns
-        .target
-        .trim_end_matches("/dlq")
-        .rsplit('/')
-        .next()
-        .unwrap()
-        .to_owned();
+    let vhost = ns.target.trim_end_matches("/dlq").rsplit('/').next().unwrap().to_owned();
     management(
         "PUT",
         &format!("queues/{vhost}/qdlq"),
@@ -548,11 +369,7 @@ fn a_quorum_dlq_with_a_delivery_limit_is_read_only_with_force() {
             break;
         }
         // Until the management API sees the new queue it cannot tell its type.
-        assert!(
-            Instant::now() < deadline,
-            "never refused: {}",
-            text(&o.stderr)
-        );
+        assert!(Instant::now() < deadline, "never refused: {}", text(&o.stderr));
         std::thread::sleep(Duration::from_millis(500));
     }
     ok(&["peek", &target, "--force"]);
@@ -564,48 +381,13 @@ fn summarize_by_exchange_routing_key_and_an_application_header() {
         return;
     };
     let dlq = format!("{SEED}/orders.dlq");
-    let by_exchange = counts(
-        &json(&ok(&[
-            "summarize",
-            &dlq,
-            "--by",
-            "exchange",
-            "-o",
-            "json",
-            "-q",
-        ])),
-        "exchange",
-    );
+    let by_exchange = counts(&json(&ok(&["summarize", &dlq, "--by", "exchange", "-o", "json", "-q"])), "exchange");
     assert_eq!(by_exchange.get("orders"), Some(&15));
     assert_eq!(by_exchange.get("(default exchange)"), Some(&14));
-    let by_key = counts(
-        &json(&ok(&[
-            "summarize",
-            &dlq,
-            "--by",
-            "routing-key",
-            "-o",
-            "json",
-            "-q",
-        ])),
-        "routing_key",
-    );
-    assert_eq!(
-        by_key.get("invoice.created"),
-        Some(&3),
-        "the original key, not the DLX's: {by_key:?}"
-    );
-    let by_header = json(&ok(&[
-        "summarize",
-        &dlq,
-        "--by",
-        "exception",
-        "--reason-from",
-        "header:tenant",
-        "-o",
-        "json",
-        "-q",
-    ]));
+    let by_key = counts(&json(&ok(&["summarize", &dlq, "--by", "routing-key", "-o", "json", "-q"])), "routing_key");
+    assert_eq!(by_key.get("invoice.created"), Some(&3), "the original key, not the DLX's: {by_key:?}");
+    let by_header =
+        json(&ok(&["summarize", &dlq, "--by", "exception", "--reason-from", "header:tenant", "-o", "json", "-q"]));
     let tenants = counts(&by_header, "exception");
     assert_eq!(tenants.keys().collect::<Vec<_>>(), ["acme", "globex"]);
     assert_eq!(tenants.values().sum::<u64>(), 29);

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use async_trait::async_trait;
 use dlqctl::broker::archive::{ArchiveBroker, ArchiveSink};
 use dlqctl::broker::{
-    Broker, Capabilities, Description, Destination, Failure, Handle, LetterStream, OpenOptions,
-    PublishError, Received, Route, Sink,
+    Broker, Capabilities, Description, Destination, Failure, Handle, LetterStream, OpenOptions, PublishError, Received,
+    Route, Sink,
 };
 use dlqctl::error::{Error, Result};
 use dlqctl::model::{DeadLetter, Headers, Value};
@@ -54,9 +54,7 @@ impl Broker for FlakySource {
     async fn settle(&self, handles: &[Handle]) -> Result<()> {
         let call = self.settle_calls.fetch_add(1, Ordering::SeqCst);
         if self.fail_settle_calls.contains(&call) {
-            return Err(Error::Runtime(format!(
-                "injected: settle call {call} lost its connection"
-            )));
+            return Err(Error::Runtime(format!("injected: settle call {call} lost its connection")));
         }
         self.inner.settle(handles).await
     }
@@ -83,44 +81,21 @@ struct FlakySink {
 
 #[async_trait]
 impl Sink for FlakySink {
-    async fn publish(
-        &self,
-        batch: &[(DeadLetter, Destination)],
-    ) -> Vec<std::result::Result<(), PublishError>> {
+    async fn publish(&self, batch: &[(DeadLetter, Destination)]) -> Vec<std::result::Result<(), PublishError>> {
         let mut results = Vec::new();
         for item in batch {
             let fault = self.faults.lock().unwrap().get(&item.0.id).copied();
-            let injected = |failure| {
-                Err(PublishError {
-                    failure,
-                    message: "injected".into(),
-                })
-            };
+            let injected = |failure| Err(PublishError { failure, message: "injected".into() });
             let result = match fault {
-                None => self
-                    .inner
-                    .publish(std::slice::from_ref(item))
-                    .await
-                    .remove(0),
+                None => self.inner.publish(std::slice::from_ref(item)).await.remove(0),
                 Some(Fault::BeforePublish(failure)) => injected(failure),
                 Some(Fault::AfterPublish(failure)) => {
-                    self.inner
-                        .publish(std::slice::from_ref(item))
-                        .await
-                        .remove(0)
-                        .unwrap();
+                    self.inner.publish(std::slice::from_ref(item)).await.remove(0).unwrap();
                     injected(failure)
                 }
-                Some(Fault::TransientTimes(0)) => self
-                    .inner
-                    .publish(std::slice::from_ref(item))
-                    .await
-                    .remove(0),
+                Some(Fault::TransientTimes(0)) => self.inner.publish(std::slice::from_ref(item)).await.remove(0),
                 Some(Fault::TransientTimes(n)) => {
-                    self.faults
-                        .lock()
-                        .unwrap()
-                        .insert(item.0.id.clone(), Fault::TransientTimes(n - 1));
+                    self.faults.lock().unwrap().insert(item.0.id.clone(), Fault::TransientTimes(n - 1));
                     injected(Failure::Transient)
                 }
             };
@@ -163,28 +138,17 @@ impl Setup {
         resume: bool,
     ) -> Summary {
         let source = FlakySource {
-            inner: ArchiveBroker::open(
-                ArchiveTarget::File(self.path("dlq.jsonl")),
-                &OpenOptions::default(),
-            )
-            .await
-            .unwrap(),
+            inner: ArchiveBroker::open(ArchiveTarget::File(self.path("dlq.jsonl")), &OpenOptions::default())
+                .await
+                .unwrap(),
             fail_settle_calls: fail_settle_calls.iter().copied().collect(),
             settle_calls: AtomicUsize::new(0),
         };
         let sink = FlakySink {
             inner: ArchiveSink::open(&self.path("dest.jsonl")).await.unwrap(),
-            faults: Mutex::new(
-                faults
-                    .iter()
-                    .map(|(id, f)| ((*id).to_owned(), *f))
-                    .collect(),
-            ),
+            faults: Mutex::new(faults.iter().map(|(id, f)| ((*id).to_owned(), *f)).collect()),
         };
-        let destination = Destination {
-            label: "archive dest.jsonl".into(),
-            route: Route::Archive,
-        };
+        let destination = Destination { label: "archive dest.jsonl".into(), route: Route::Archive };
         let checkpoint_path = self.path("run.checkpoint.jsonl");
         let mut checkpoint = if resume {
             Checkpoint::resume(&checkpoint_path, "dlq", Some(&destination.label)).unwrap()
@@ -196,7 +160,7 @@ impl Setup {
             to: Some(&destination.label),
             selection: "everything",
             note: None,
-            checkpoint: &checkpoint_path,
+            checkpoint: Some(&checkpoint_path),
         };
         let mut audit = AuditLog::create(&self.path("audit.jsonl"), &run).unwrap();
         let interrupted = AtomicBool::new(false);
@@ -234,17 +198,9 @@ impl Setup {
             let id = redrive_id(original);
             let in_dlq = ids_in_dlq.contains(&id);
             let at_dest = copies.get(&id).copied().unwrap_or(0);
-            assert!(
-                in_dlq || at_dest > 0,
-                "{} is missing from both",
-                original.id
-            );
+            assert!(in_dlq || at_dest > 0, "{} is missing from both", original.id);
             if (in_dlq && at_dest > 0) || at_dest > 1 {
-                assert!(
-                    may_duplicate.contains(&original.id.as_str()),
-                    "{} duplicated unexpectedly",
-                    original.id
-                );
+                assert!(may_duplicate.contains(&original.id.as_str()), "{} duplicated unexpectedly", original.id);
             }
         }
         (dlq.len(), dest.len())
@@ -286,10 +242,7 @@ fn read_jsonl(path: &Path) -> Vec<DeadLetter> {
 async fn a_clean_run_moves_everything_exactly_once() {
     let s = Setup::new(10);
     let summary = s.run(&[], &[], options(), false).await;
-    assert_eq!(
-        (summary.selected, summary.moved, summary.failed),
-        (10, 10, 0)
-    );
+    assert_eq!((summary.selected, summary.moved, summary.failed), (10, 10, 0));
     assert_eq!(summary.still_in_dlq, Some(0));
     assert_eq!(s.check_invariants(&[]), (0, 10));
 }
@@ -297,27 +250,18 @@ async fn a_clean_run_moves_everything_exactly_once() {
 #[tokio::test]
 async fn failures_before_publish_leave_the_message_in_the_dlq() {
     let s = Setup::new(10);
-    let faults = [
-        ("m2", Fault::BeforePublish(Failure::Permanent)),
-        ("m7", Fault::BeforePublish(Failure::Transient)),
-    ];
+    let faults = [("m2", Fault::BeforePublish(Failure::Permanent)), ("m7", Fault::BeforePublish(Failure::Transient))];
     let summary = s.run(&faults, &[], options(), false).await;
     assert_eq!((summary.moved, summary.failed), (8, 2));
     assert_eq!(s.check_invariants(&[]), (2, 8));
-    let left: Vec<String> = read_jsonl(&s.path("dlq.jsonl"))
-        .into_iter()
-        .map(|l| l.id)
-        .collect();
+    let left: Vec<String> = read_jsonl(&s.path("dlq.jsonl")).into_iter().map(|l| l.id).collect();
     assert_eq!(left, ["m2", "m7"]);
 }
 
 #[tokio::test]
 async fn a_lost_confirm_leaves_the_original_and_a_copy_with_the_same_id() {
     let s = Setup::new(10);
-    let faults = [
-        ("m3", Fault::AfterPublish(Failure::Permanent)),
-        ("m5", Fault::AfterPublish(Failure::Transient)),
-    ];
+    let faults = [("m3", Fault::AfterPublish(Failure::Permanent)), ("m5", Fault::AfterPublish(Failure::Transient))];
     let summary = s.run(&faults, &[], options(), false).await;
     assert_eq!((summary.moved, summary.failed), (8, 2));
     // m5 was retried twice, so three copies reached the destination, all with one id.
@@ -327,9 +271,7 @@ async fn a_lost_confirm_leaves_the_original_and_a_copy_with_the_same_id() {
 #[tokio::test]
 async fn transient_failures_are_retried_until_they_pass() {
     let s = Setup::new(6);
-    let summary = s
-        .run(&[("m1", Fault::TransientTimes(2))], &[], options(), false)
-        .await;
+    let summary = s.run(&[("m1", Fault::TransientTimes(2))], &[], options(), false).await;
     assert_eq!((summary.moved, summary.failed), (6, 0));
     assert_eq!(s.check_invariants(&[]), (0, 6));
 }
@@ -340,51 +282,23 @@ async fn a_failed_settle_stops_the_run_and_resume_settles_without_publishing_aga
     // The second batch (m4..m7) reaches the destination but the DLQ refuses to remove it.
     let summary = s.run(&[], &[1], options(), false).await;
     assert_eq!((summary.moved, summary.not_settled), (4, 4));
-    assert!(
-        summary.stopped.as_deref().unwrap().contains("--resume"),
-        "{summary:?}"
-    );
+    assert!(summary.stopped.as_deref().unwrap().contains("--resume"), "{summary:?}");
     assert_eq!(s.check_invariants(&["m4", "m5", "m6", "m7"]), (8, 8));
 
     let resumed = s.run(&[], &[], options(), true).await;
-    assert_eq!(
-        resumed.moved, 8,
-        "four settled from the checkpoint, four published"
-    );
-    assert_eq!(
-        s.check_invariants(&[]),
-        (0, 12),
-        "no duplicate left once resumed"
-    );
+    assert_eq!(resumed.moved, 8, "four settled from the checkpoint, four published");
+    assert_eq!(s.check_invariants(&[]), (0, 12), "no duplicate left once resumed");
 }
 
 #[tokio::test]
 async fn the_circuit_breaker_stops_a_run_against_a_dead_destination() {
     let s = Setup::new(20);
-    let faults: Vec<(String, Fault)> = (0..20)
-        .map(|i| (format!("m{i}"), Fault::BeforePublish(Failure::Transient)))
-        .collect();
+    let faults: Vec<(String, Fault)> =
+        (0..20).map(|i| (format!("m{i}"), Fault::BeforePublish(Failure::Transient))).collect();
     let faults: Vec<(&str, Fault)> = faults.iter().map(|(id, f)| (id.as_str(), *f)).collect();
-    let summary = s
-        .run(
-            &faults,
-            &[],
-            Options {
-                retries: 0,
-                max_consecutive_failures: 3,
-                ..options()
-            },
-            false,
-        )
-        .await;
-    assert!(
-        summary.stopped.as_deref().unwrap().contains("in a row"),
-        "{summary:?}"
-    );
-    assert_eq!(
-        summary.failed, 4,
-        "stops at the end of the batch where the third failure came"
-    );
+    let summary = s.run(&faults, &[], Options { retries: 0, max_consecutive_failures: 3, ..options() }, false).await;
+    assert!(summary.stopped.as_deref().unwrap().contains("in a row"), "{summary:?}");
+    assert_eq!(summary.failed, 4, "stops at the end of the batch where the third failure came");
     assert_eq!(s.check_invariants(&[]), (20, 0));
 }
 
@@ -392,22 +306,10 @@ async fn the_circuit_breaker_stops_a_run_against_a_dead_destination() {
 async fn isolated_permanent_failures_do_not_trip_the_breaker() {
     let s = Setup::new(8);
     // Never two in a row: each is one bad message, not a dead destination.
-    let faults: Vec<(String, Fault)> = (0..8)
-        .step_by(2)
-        .map(|i| (format!("m{i}"), Fault::BeforePublish(Failure::Permanent)))
-        .collect();
+    let faults: Vec<(String, Fault)> =
+        (0..8).step_by(2).map(|i| (format!("m{i}"), Fault::BeforePublish(Failure::Permanent))).collect();
     let faults: Vec<(&str, Fault)> = faults.iter().map(|(id, f)| (id.as_str(), *f)).collect();
-    let summary = s
-        .run(
-            &faults,
-            &[],
-            Options {
-                max_consecutive_failures: 2,
-                ..options()
-            },
-            false,
-        )
-        .await;
+    let summary = s.run(&faults, &[], Options { max_consecutive_failures: 2, ..options() }, false).await;
     assert_eq!(summary.stopped, None);
     assert_eq!((summary.moved, summary.failed), (4, 4));
     s.check_invariants(&[]);
@@ -416,25 +318,11 @@ async fn isolated_permanent_failures_do_not_trip_the_breaker() {
 #[tokio::test]
 async fn a_run_of_permanent_failures_stops_the_run() {
     let s = Setup::new(12);
-    let faults: Vec<(String, Fault)> = (4..12)
-        .map(|i| (format!("m{i}"), Fault::BeforePublish(Failure::Permanent)))
-        .collect();
+    let faults: Vec<(String, Fault)> =
+        (4..12).map(|i| (format!("m{i}"), Fault::BeforePublish(Failure::Permanent))).collect();
     let faults: Vec<(&str, Fault)> = faults.iter().map(|(id, f)| (id.as_str(), *f)).collect();
-    let summary = s
-        .run(
-            &faults,
-            &[],
-            Options {
-                max_consecutive_failures: 3,
-                ..options()
-            },
-            false,
-        )
-        .await;
-    assert!(
-        summary.stopped.as_deref().unwrap().contains("in a row"),
-        "{summary:?}"
-    );
+    let summary = s.run(&faults, &[], Options { max_consecutive_failures: 3, ..options() }, false).await;
+    assert!(summary.stopped.as_deref().unwrap().contains("in a row"), "{summary:?}");
     assert_eq!((summary.moved, summary.failed), (4, 4));
     assert_eq!(s.check_invariants(&[]), (8, 4));
 }

@@ -7,21 +7,11 @@ use std::process::Command;
 #[test]
 fn committed_sample_matches_its_generator() {
     // cargo builds examples for `cargo test`, next to this test's own executable.
-    let deps = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_path_buf();
+    let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
     let generator: PathBuf = deps.parent().unwrap().join("examples").join("gen_sample");
-    let out = Command::new(&generator)
-        .output()
-        .unwrap_or_else(|e| panic!("run {}: {e}", generator.display()));
+    let out = Command::new(&generator).output().unwrap_or_else(|e| panic!("run {}: {e}", generator.display()));
     assert!(out.status.success());
-    let committed = std::fs::read(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/examples/orders-dlq.jsonl"
-    ))
-    .unwrap();
+    let committed = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/orders-dlq.jsonl")).unwrap();
     assert!(
         out.stdout == committed,
         "examples/orders-dlq.jsonl is stale: cargo run --example gen_sample > examples/orders-dlq.jsonl"

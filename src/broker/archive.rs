@@ -17,8 +17,8 @@ use futures::StreamExt;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use super::{
-    Broker, Capabilities, Description, Destination, Failure, Handle, LetterStream, OpenOptions,
-    PublishError, Received, Sink,
+    Broker, Capabilities, Description, Destination, Failure, Handle, LetterStream, OpenOptions, PublishError, Received,
+    Sink,
 };
 use crate::error::{Error, Result};
 use crate::model::DeadLetter;
@@ -46,9 +46,7 @@ impl ArchiveBroker {
     pub async fn open(target: ArchiveTarget, options: &OpenOptions) -> Result<Self> {
         if let ArchiveTarget::File(path) = &target {
             // Fail now, with the path, rather than on first read.
-            tokio::fs::metadata(path)
-                .await
-                .map_err(|e| open_error(path, e))?;
+            tokio::fs::metadata(path).await.map_err(|e| open_error(path, e))?;
         }
         Ok(ArchiveBroker {
             target,
@@ -80,22 +78,13 @@ impl ArchiveBroker {
 
     async fn reader(&self) -> Result<LineReader> {
         let input: Box<dyn AsyncBufRead + Unpin + Send> = match &self.target {
-            ArchiveTarget::Stdin => {
-                Box::new(BufReader::with_capacity(READ_BUFFER, tokio::io::stdin()))
-            }
+            ArchiveTarget::Stdin => Box::new(BufReader::with_capacity(READ_BUFFER, tokio::io::stdin())),
             ArchiveTarget::File(path) => {
-                let file = tokio::fs::File::open(path)
-                    .await
-                    .map_err(|e| open_error(path, e))?;
+                let file = tokio::fs::File::open(path).await.map_err(|e| open_error(path, e))?;
                 Box::new(BufReader::with_capacity(READ_BUFFER, file))
             }
         };
-        Ok(LineReader {
-            input,
-            name: self.name(),
-            line_no: 0,
-            buf: Vec::with_capacity(4096),
-        })
+        Ok(LineReader { input, name: self.name(), line_no: 0, buf: Vec::with_capacity(4096) })
     }
 
     /// The next dead letter, honouring `--skip-invalid`.
@@ -137,10 +126,7 @@ impl LineReader {
                 Ok(0) => return None,
                 Ok(_) => {}
                 Err(e) => {
-                    return Some(Err(Error::io(
-                        format!("cannot read archive {}", self.name),
-                        e,
-                    )));
+                    return Some(Err(Error::io(format!("cannot read archive {}", self.name), e)));
                 }
             }
             let index = self.line_no;
@@ -149,15 +135,13 @@ impl LineReader {
             if line.is_empty() {
                 continue;
             }
-            return Some(
-                serde_json::from_slice::<DeadLetter>(line)
-                    .map(|letter| (index, letter))
-                    .map_err(|e| Error::InvalidRecord {
-                        source_name: self.name.clone(),
-                        line: index + 1,
-                        message: format!("not a dead letter: {}", without_position(&e)),
-                    }),
-            );
+            return Some(serde_json::from_slice::<DeadLetter>(line).map(|letter| (index, letter)).map_err(|e| {
+                Error::InvalidRecord {
+                    source_name: self.name.clone(),
+                    line: index + 1,
+                    message: format!("not a dead letter: {}", without_position(&e)),
+                }
+            }));
         }
     }
 }
@@ -182,6 +166,7 @@ impl Broker for ArchiveBroker {
             peek: true,
             peek_cost: None,
             consume: matches!(self.target, ArchiveTarget::File(_)),
+            server_move: false,
         }
     }
 
@@ -220,16 +205,13 @@ impl Broker for ArchiveBroker {
     async fn peek(&self, limit: Option<u64>) -> Result<LetterStream<'_>> {
         let lines = self.reader().await?;
         let remaining = limit.unwrap_or(u64::MAX);
-        Ok(futures::stream::unfold(
-            (lines, remaining),
-            move |(mut lines, remaining)| async move {
-                if remaining == 0 {
-                    return None;
-                }
-                let next = self.next_letter(&mut lines).await?;
-                Some((next.map(|(_, letter)| letter), (lines, remaining - 1)))
-            },
-        )
+        Ok(futures::stream::unfold((lines, remaining), move |(mut lines, remaining)| async move {
+            if remaining == 0 {
+                return None;
+            }
+            let next = self.next_letter(&mut lines).await?;
+            Some((next.map(|(_, letter)| letter), (lines, remaining - 1)))
+        })
         .boxed())
     }
 
@@ -237,9 +219,7 @@ impl Broker for ArchiveBroker {
         self.file("receive messages")?;
         let mut consumer = self.consumer.lock().await;
         if consumer.is_none() {
-            *consumer = Some(Consumer {
-                lines: self.reader().await?,
-            });
+            *consumer = Some(Consumer { lines: self.reader().await? });
         }
         let lines = &mut consumer.as_mut().expect("set above").lines;
         let mut batch = Vec::with_capacity(max);
@@ -248,10 +228,7 @@ impl Broker for ArchiveBroker {
                 break;
             };
             let (index, letter) = next?;
-            batch.push(Received {
-                handle: Handle::ArchiveRecord(index),
-                letter,
-            });
+            batch.push(Received { handle: Handle::ArchiveRecord(index), letter });
         }
         Ok(batch)
     }
@@ -296,76 +273,39 @@ impl Broker for ArchiveBroker {
 
 /// Rewrite `path` without the lines in `settled`. Line indices refer to the file as it was
 /// first opened; `removed_before` are the lines earlier rewrites already dropped.
-async fn rewrite_without(
-    path: &Path,
-    removed_before: &BTreeSet<u64>,
-    settled: &BTreeSet<u64>,
-) -> Result<()> {
-    let context = |what: &str| {
-        format!(
-            "cannot {what} while settling messages in archive {}",
-            path.display()
-        )
-    };
+async fn rewrite_without(path: &Path, removed_before: &BTreeSet<u64>, settled: &BTreeSet<u64>) -> Result<()> {
+    let context = |what: &str| format!("cannot {what} while settling messages in archive {}", path.display());
     let tmp = temp_path(path);
-    let source = tokio::fs::File::open(path)
-        .await
-        .map_err(|e| Error::io(context("read"), e))?;
-    let permissions = source
-        .metadata()
-        .await
-        .map_err(|e| Error::io(context("read"), e))?
-        .permissions();
+    let source = tokio::fs::File::open(path).await.map_err(|e| Error::io(context("read"), e))?;
+    let permissions = source.metadata().await.map_err(|e| Error::io(context("read"), e))?.permissions();
     let mut input = BufReader::with_capacity(READ_BUFFER, source);
-    let out = tokio::fs::File::create(&tmp)
-        .await
-        .map_err(|e| Error::io(context("create a temporary file"), e))?;
+    let out = tokio::fs::File::create(&tmp).await.map_err(|e| Error::io(context("create a temporary file"), e))?;
     let mut output = tokio::io::BufWriter::with_capacity(READ_BUFFER, out);
     let mut original_index = 0u64;
     let mut line = Vec::new();
     loop {
         line.clear();
-        if input
-            .read_until(b'\n', &mut line)
-            .await
-            .map_err(|e| Error::io(context("read"), e))?
-            == 0
-        {
+        if input.read_until(b'\n', &mut line).await.map_err(|e| Error::io(context("read"), e))? == 0 {
             break;
         }
         while removed_before.contains(&original_index) {
             original_index += 1;
         }
         if !settled.contains(&original_index) {
-            output
-                .write_all(&line)
-                .await
-                .map_err(|e| Error::io(context("write"), e))?;
+            output.write_all(&line).await.map_err(|e| Error::io(context("write"), e))?;
         }
         original_index += 1;
     }
-    output
-        .flush()
-        .await
-        .map_err(|e| Error::io(context("write"), e))?;
+    output.flush().await.map_err(|e| Error::io(context("write"), e))?;
     let out = output.into_inner();
-    out.set_permissions(permissions)
-        .await
-        .map_err(|e| Error::io(context("write"), e))?;
-    out.sync_all()
-        .await
-        .map_err(|e| Error::io(context("sync"), e))?;
-    tokio::fs::rename(&tmp, path)
-        .await
-        .map_err(|e| Error::io(context("replace"), e))?;
+    out.set_permissions(permissions).await.map_err(|e| Error::io(context("write"), e))?;
+    out.sync_all().await.map_err(|e| Error::io(context("sync"), e))?;
+    tokio::fs::rename(&tmp, path).await.map_err(|e| Error::io(context("replace"), e))?;
     Ok(())
 }
 
 fn temp_path(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     path.with_file_name(format!(".{name}.dlqctl-settle"))
 }
 
@@ -383,12 +323,7 @@ impl ArchiveSink {
             .append(true)
             .open(path)
             .await
-            .map_err(|e| {
-                Error::Runtime(format!(
-                    "cannot open archive {} for writing: {e}",
-                    path.display()
-                ))
-            })?;
+            .map_err(|e| Error::Runtime(format!("cannot open archive {} for writing: {e}", path.display())))?;
         Ok(ArchiveSink {
             path: path.to_path_buf(),
             out: tokio::sync::Mutex::new(tokio::io::BufWriter::with_capacity(READ_BUFFER, file)),
@@ -414,9 +349,9 @@ impl Sink for ArchiveSink {
     async fn publish(&self, batch: &[(DeadLetter, Destination)]) -> Vec<Result<(), PublishError>> {
         let result = self.append(batch).await.map_err(|e| PublishError {
             failure: match e.kind() {
-                std::io::ErrorKind::Interrupted
-                | std::io::ErrorKind::TimedOut
-                | std::io::ErrorKind::WouldBlock => Failure::Transient,
+                std::io::ErrorKind::Interrupted | std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => {
+                    Failure::Transient
+                }
                 _ => Failure::Permanent,
             },
             message: format!("cannot append to {}: {e}", self.path.display()),

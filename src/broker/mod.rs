@@ -14,6 +14,7 @@ use crate::target::{ArchiveTarget, Target};
 
 pub mod archive;
 pub mod rabbitmq;
+pub mod sqs;
 
 pub type LetterStream<'a> = BoxStream<'a, Result<DeadLetter>>;
 
@@ -27,6 +28,19 @@ pub struct Capabilities {
     pub peek_cost: Option<&'static str>,
     /// `receive`, `settle` and `release` work (a redrive can take messages out).
     pub consume: bool,
+    /// The broker can move everything back to the sources itself (the SQS move task).
+    pub server_move: bool,
+}
+
+/// A server-side move (SQS message move task), as the broker reports it.
+#[derive(Debug, Clone, Serialize)]
+pub struct MoveTask {
+    pub handle: Option<String>,
+    /// RUNNING, COMPLETED, CANCELLING, CANCELLED or FAILED.
+    pub status: String,
+    pub moved: u64,
+    pub to_move: Option<u64>,
+    pub failure: Option<String>,
 }
 
 /// A DLQ as `list` and `describe` show it.
@@ -65,6 +79,8 @@ pub enum Handle {
     ArchiveRecord(u64),
     /// An AMQP delivery tag on the backend's consuming channel.
     Delivery(u64),
+    /// A key into the backend's own table (SQS receipt handles).
+    Token(u64),
 }
 
 /// Where one copy of a dead letter goes, as plans and audit logs name it.
@@ -82,11 +98,9 @@ pub enum Route {
     Archive,
     /// Publish to an AMQP exchange (`""`: the default exchange, the key naming a queue),
     /// with further routing keys as a `CC` header.
-    Amqp {
-        exchange: String,
-        routing_key: String,
-        cc: Vec<String>,
-    },
+    Amqp { exchange: String, routing_key: String, cc: Vec<String> },
+    /// Send to an SQS queue, named as the message or the operator named it.
+    Sqs(crate::target::SqsQueue),
 }
 
 /// Whether trying again can help.
@@ -171,30 +185,42 @@ pub trait Broker: Send + Sync {
         None
     }
 
+    /// Start moving every message back to its source on the broker's side.
+    async fn start_move_task(&self, _rate: Option<u32>) -> Result<String> {
+        Err(self.not_supported("move messages on the server"))
+    }
+
+    /// The newest server-side move of this DLQ, if any.
+    async fn move_task(&self) -> Result<Option<MoveTask>> {
+        Err(self.not_supported("move messages on the server"))
+    }
+
+    async fn cancel_move_task(&self) -> Result<MoveTask> {
+        Err(self.not_supported("move messages on the server"))
+    }
+
+    /// End a read (`peek`): give back whatever it still holds. A read that stops early (a limit,
+    /// a selection) leaves its stream unpolled, so the caller says when it is done.
+    async fn end_read(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Caveats learned while reading (lines skipped, scan incomplete), shown after a verb's output.
     fn read_notes(&self) -> Vec<String> {
         Vec::new()
     }
 
     fn not_supported(&self, operation: &'static str) -> Error {
-        Error::NotSupported {
-            backend: self.backend(),
-            operation,
-            why: "this backend does not implement it".into(),
-        }
+        Error::NotSupported { backend: self.backend(), operation, why: "this backend does not implement it".into() }
     }
 }
 
 /// Open the backend for a target.
 pub async fn open(target: &Target, options: &OpenOptions) -> Result<Box<dyn Broker>> {
     match target {
-        Target::Archive(t) => Ok(Box::new(
-            archive::ArchiveBroker::open(t.clone(), options).await?,
-        )),
-        Target::Rabbitmq(t) => Ok(Box::new(
-            rabbitmq::RabbitmqBroker::open(t, target.to_string(), options).await?,
-        )),
-        Target::Sqs(_) => Err(not_built(target, "SQS")),
+        Target::Archive(t) => Ok(Box::new(archive::ArchiveBroker::open(t.clone(), options).await?)),
+        Target::Rabbitmq(t) => Ok(Box::new(rabbitmq::RabbitmqBroker::open(t, target.to_string(), options).await?)),
+        Target::Sqs(t) => Ok(Box::new(sqs::SqsBroker::open(t, target.to_string(), options).await?)),
         Target::Kafka(_) => Err(not_built(target, "Kafka")),
     }
 }
@@ -203,15 +229,14 @@ pub async fn open(target: &Target, options: &OpenOptions) -> Result<Box<dyn Brok
 /// copies without touching it, so a dry run leaves no trace.
 pub fn sink_destination(target: &Target) -> Result<Destination> {
     match target {
-        Target::Archive(ArchiveTarget::File(path)) => Ok(Destination {
-            label: format!("archive {}", path.display()),
-            route: Route::Archive,
-        }),
-        Target::Archive(ArchiveTarget::Stdin) => Err(Error::Usage(
-            "--to - is not a place to write: name a .jsonl file".into(),
-        )),
+        Target::Archive(ArchiveTarget::File(path)) => {
+            Ok(Destination { label: format!("archive {}", path.display()), route: Route::Archive })
+        }
+        Target::Archive(ArchiveTarget::Stdin) => {
+            Err(Error::Usage("--to - is not a place to write: name a .jsonl file".into()))
+        }
         Target::Rabbitmq(t) => rabbitmq::destination_for(t, &target.to_string()),
-        Target::Sqs(_) => Err(not_built(target, "SQS")),
+        Target::Sqs(t) => sqs::destination_for(t, &target.to_string()),
         Target::Kafka(_) => Err(not_built(target, "Kafka")),
     }
 }
@@ -219,15 +244,12 @@ pub fn sink_destination(target: &Target) -> Result<Destination> {
 /// Open `--to TARGET` as a sink (after [`sink_destination`] accepted it).
 pub async fn open_sink(target: &Target) -> Result<Box<dyn Sink>> {
     match target {
-        Target::Archive(ArchiveTarget::File(path)) => {
-            Ok(Box::new(archive::ArchiveSink::open(path).await?))
+        Target::Archive(ArchiveTarget::File(path)) => Ok(Box::new(archive::ArchiveSink::open(path).await?)),
+        Target::Rabbitmq(t) => {
+            Ok(Box::new(rabbitmq::RabbitmqBroker::open(t, target.to_string(), &OpenOptions::default()).await?))
         }
-        Target::Rabbitmq(t) => Ok(Box::new(
-            rabbitmq::RabbitmqBroker::open(t, target.to_string(), &OpenOptions::default()).await?,
-        )),
-        other => Err(sink_destination(other)
-            .err()
-            .unwrap_or_else(|| not_built(other, "this"))),
+        Target::Sqs(t) => Ok(Box::new(sqs::SqsBroker::open(t, target.to_string(), &OpenOptions::default()).await?)),
+        other => Err(sink_destination(other).err().unwrap_or_else(|| not_built(other, "this"))),
     }
 }
 

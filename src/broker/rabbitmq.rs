@@ -15,8 +15,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, TimeZone, Utc};
 use futures::StreamExt;
 use lapin::options::{
-    BasicAckOptions, BasicGetOptions, BasicPublishOptions, BasicRejectOptions,
-    ConfirmSelectOptions, QueueDeclareOptions,
+    BasicAckOptions, BasicGetOptions, BasicPublishOptions, BasicRejectOptions, ConfirmSelectOptions,
+    QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
@@ -25,8 +25,8 @@ use sha2::{Digest, Sha256};
 use tokio::sync::Mutex;
 
 use super::{
-    Broker, Capabilities, Description, Destination, Failure, Handle, LetterStream, OpenOptions,
-    PublishError, Received, Route, Sink,
+    Broker, Capabilities, Description, Destination, Failure, Handle, LetterStream, OpenOptions, PublishError, Received,
+    Route, Sink,
 };
 use crate::error::{Error, Result};
 use crate::model::{BrokerKind, DeadLetter, Headers, Reason, ReasonKind, Source, Value};
@@ -49,14 +49,12 @@ pub struct RabbitmqBroker {
     consumer: Mutex<Option<Channel>>,
     /// The confirm-mode channel copies are published on; replaced after a channel error.
     publisher: Mutex<Option<Channel>>,
+    /// The channel a read holds its messages on; closing it puts them back.
+    reader: Mutex<Option<Channel>>,
 }
 
 impl RabbitmqBroker {
-    pub async fn open(
-        target: &RabbitmqTarget,
-        shown: String,
-        options: &OpenOptions,
-    ) -> Result<Self> {
+    pub async fn open(target: &RabbitmqTarget, shown: String, options: &OpenOptions) -> Result<Self> {
         let uri = format!(
             "amqp://{}:{}@{}:{}/{}",
             encode(&target.user),
@@ -94,6 +92,7 @@ impl RabbitmqBroker {
             options: options.clone(),
             consumer: Mutex::new(None),
             publisher: Mutex::new(None),
+            reader: Mutex::new(None),
         })
     }
 
@@ -108,11 +107,7 @@ impl RabbitmqBroker {
 
     async fn channel(&self, purpose: &str) -> Result<Channel> {
         self.connection.create_channel().await.map_err(|e| {
-            Error::Runtime(format!(
-                "cannot open a channel to {} for {purpose}: {}",
-                self.shown,
-                amqp_error(&e)
-            ))
+            Error::Runtime(format!("cannot open a channel to {} for {purpose}: {}", self.shown, amqp_error(&e)))
         })
     }
 
@@ -135,33 +130,21 @@ impl RabbitmqBroker {
             })?;
         match response.status() {
             s if s.is_success() => response.json().await.map_err(|e| {
-                Error::Runtime(format!(
-                    "unexpected answer from the management API at {url}: {}",
-                    without_url(&e)
-                ))
+                Error::Runtime(format!("unexpected answer from the management API at {url}: {}", without_url(&e)))
             }),
             reqwest::StatusCode::UNAUTHORIZED => Err(Error::Runtime(format!(
                 "the management API at {} refused user {:?}: check the credentials (the user needs the \
                  management or monitoring tag)",
                 self.management, self.target.user
             ))),
-            reqwest::StatusCode::NOT_FOUND => Err(Error::Runtime(format!(
-                "not found on {}: {path}",
-                self.shown
-            ))),
-            s => Err(Error::Runtime(format!(
-                "the management API answered {s} for {path}"
-            ))),
+            reqwest::StatusCode::NOT_FOUND => Err(Error::Runtime(format!("not found on {}: {path}", self.shown))),
+            s => Err(Error::Runtime(format!("the management API answered {s} for {path}"))),
         }
     }
 
     async fn queues(&self) -> Result<Vec<ApiQueue>> {
         let columns = "name,type,arguments,policy,effective_policy_definition,operator_policy,messages,consumers";
-        self.api(&format!(
-            "queues/{}?columns={columns}",
-            encode(&self.target.vhost)
-        ))
-        .await
+        self.api(&format!("queues/{}?columns={columns}", encode(&self.target.vhost))).await
     }
 
     /// Every queue that receives dead letters, with the queues that feed it, and the
@@ -169,20 +152,14 @@ impl RabbitmqBroker {
     async fn topology(&self) -> Result<Topology> {
         let vhost = encode(&self.target.vhost);
         let queues = self.queues().await?;
-        let exchanges: Vec<ApiExchange> = self
-            .api(&format!("exchanges/{vhost}?columns=name,type"))
-            .await?;
-        let exchange_types: BTreeMap<&str, &str> = exchanges
-            .iter()
-            .map(|e| (e.name.as_str(), e.kind.as_str()))
-            .collect();
+        let exchanges: Vec<ApiExchange> = self.api(&format!("exchanges/{vhost}?columns=name,type")).await?;
+        let exchange_types: BTreeMap<&str, &str> =
+            exchanges.iter().map(|e| (e.name.as_str(), e.kind.as_str())).collect();
         let mut topology = Topology::default();
         let mut bindings_cache: BTreeMap<String, Vec<ApiBinding>> = BTreeMap::new();
         for source in &queues {
-            let quorum_without_limit = source.kind == "quorum"
-                && source
-                    .setting("x-delivery-limit", "delivery-limit")
-                    .is_none();
+            let quorum_without_limit =
+                source.kind == "quorum" && source.setting("x-delivery-limit", "delivery-limit").is_none();
             if quorum_without_limit {
                 topology.problems.push(format!(
                     "quorum queue {} has no delivery limit: a poison message is redelivered forever",
@@ -198,27 +175,15 @@ impl RabbitmqBroker {
                 .and_then(|v| v.as_str().map(str::to_owned));
             let targets: Vec<String> = if dlx.is_empty() {
                 // The default exchange delivers to the queue named by the key.
-                dl_key
-                    .iter()
-                    .filter(|k| queues.iter().any(|q| &q.name == *k))
-                    .cloned()
-                    .collect()
+                dl_key.iter().filter(|k| queues.iter().any(|q| &q.name == *k)).cloned().collect()
             } else if let Some(kind) = exchange_types.get(dlx.as_str()) {
                 if !bindings_cache.contains_key(&dlx) {
-                    let b = self
-                        .api(&format!(
-                            "exchanges/{vhost}/{}/bindings/source",
-                            encode(&dlx)
-                        ))
-                        .await?;
+                    let b = self.api(&format!("exchanges/{vhost}/{}/bindings/source", encode(&dlx))).await?;
                     bindings_cache.insert(dlx.clone(), b);
                 }
                 bindings_cache[&dlx]
                     .iter()
-                    .filter(|b| {
-                        b.destination_type == "queue"
-                            && routes(kind, &b.routing_key, dl_key.as_deref())
-                    })
+                    .filter(|b| b.destination_type == "queue" && routes(kind, &b.routing_key, dl_key.as_deref()))
                     .map(|b| b.destination.clone())
                     .collect()
             } else {
@@ -236,23 +201,14 @@ impl RabbitmqBroker {
                 ));
             }
             for t in targets {
-                topology
-                    .sources
-                    .entry(t)
-                    .or_default()
-                    .insert(source.name.clone());
+                topology.sources.entry(t).or_default().insert(source.name.clone());
             }
         }
         topology.queues = queues;
         Ok(topology)
     }
 
-    fn describe_queue(
-        &self,
-        q: &ApiQueue,
-        sources: Vec<String>,
-        extra_notes: Vec<String>,
-    ) -> Description {
+    fn describe_queue(&self, q: &ApiQueue, sources: Vec<String>, extra_notes: Vec<String>) -> Description {
         let mut notes = extra_notes;
         if let Some(max) = q.setting("x-max-length", "max-length") {
             notes.push(format!("max-length {max}"));
@@ -263,10 +219,7 @@ impl RabbitmqBroker {
         if q.consumers.unwrap_or(0) > 0 {
             notes.push(format!("{} consumer(s)", q.consumers.unwrap_or(0)));
         }
-        let retention = q
-            .setting("x-message-ttl", "message-ttl")
-            .and_then(|v| v.as_u64())
-            .map(Duration::from_millis);
+        let retention = q.setting("x-message-ttl", "message-ttl").and_then(|v| v.as_u64()).map(Duration::from_millis);
         Description {
             target: crate::target::Target::Rabbitmq(RabbitmqTarget {
                 queue: Some(q.name.clone()),
@@ -274,11 +227,7 @@ impl RabbitmqBroker {
             })
             .to_string(),
             name: q.name.clone(),
-            kind: if q.kind == "quorum" {
-                "rabbitmq quorum queue"
-            } else {
-                "rabbitmq queue"
-            },
+            kind: if q.kind == "quorum" { "rabbitmq quorum queue" } else { "rabbitmq queue" },
             depth: q.messages,
             oldest_age: None,
             retention,
@@ -311,19 +260,12 @@ impl RabbitmqBroker {
         let q = channel
             .queue_declare(
                 short(queue)?,
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
+                QueueDeclareOptions { passive: true, ..Default::default() },
                 FieldTable::default(),
             )
             .await
             .map_err(|e| {
-                Error::Runtime(format!(
-                    "queue {queue:?} in vhost {:?}: {}",
-                    self.target.vhost,
-                    amqp_error(&e)
-                ))
+                Error::Runtime(format!("queue {queue:?} in vhost {:?}: {}", self.target.vhost, amqp_error(&e)))
             })?;
         let _ = channel.close(200, "done".into()).await;
         Ok(u64::from(q.message_count()))
@@ -339,9 +281,7 @@ impl RabbitmqBroker {
             message: format!("cannot open a publishing channel: {}", amqp_error(&e)),
         };
         let ch = self.connection.create_channel().await.map_err(transient)?;
-        ch.confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(transient)?;
+        ch.confirm_select(ConfirmSelectOptions::default()).await.map_err(transient)?;
         *slot = Some(ch.clone());
         Ok(ch)
     }
@@ -351,48 +291,30 @@ impl RabbitmqBroker {
         letter: &DeadLetter,
         destination: &Destination,
     ) -> std::result::Result<(), PublishError> {
-        let Route::Amqp {
-            exchange,
-            routing_key,
-            cc,
-        } = &destination.route
-        else {
+        let Route::Amqp { exchange, routing_key, cc } = &destination.route else {
             return Err(PublishError {
                 failure: Failure::Permanent,
                 message: format!("RabbitMQ cannot publish to {}", destination.label),
             });
         };
-        let permanent = |message: String| PublishError {
-            failure: Failure::Permanent,
-            message,
-        };
+        let permanent = |message: String| PublishError { failure: Failure::Permanent, message };
         let mut properties = to_properties(letter).map_err(permanent)?;
         if !cc.is_empty() {
             // Sender-selected distribution: the broker routes to the CC keys as it did the first time.
             let mut headers = properties.headers().clone().unwrap_or_default();
-            let keys = cc
-                .iter()
-                .map(|k| AMQPValue::LongString(k.as_str().into()))
-                .collect::<Vec<_>>();
+            let keys = cc.iter().map(|k| AMQPValue::LongString(k.as_str().into())).collect::<Vec<_>>();
             headers.insert("CC".into(), AMQPValue::FieldArray(FieldArray::from(keys)));
             properties = properties.with_headers(headers);
         }
         let channel = self.publisher().await?;
-        let options = BasicPublishOptions {
-            mandatory: true,
-            ..Default::default()
-        };
+        let options = BasicPublishOptions { mandatory: true, ..Default::default() };
         let (exchange_name, key) = match (short(exchange), short(routing_key)) {
             (Ok(x), Ok(k)) => (x, k),
             (Err(e), _) | (_, Err(e)) => return Err(permanent(e.to_string())),
         };
-        let outcome = async {
-            channel
-                .basic_publish(exchange_name, key, options, letter.body_bytes(), properties)
-                .await?
-                .await
-        }
-        .await;
+        let outcome =
+            async { channel.basic_publish(exchange_name, key, options, letter.body_bytes(), properties).await?.await }
+                .await;
         match outcome {
             Ok(confirm) if confirm.is_ack() => match confirm.take_message() {
                 None => Ok(()),
@@ -410,21 +332,16 @@ impl RabbitmqBroker {
             Err(e) => {
                 // A channel-level error (404 for a missing exchange) closes the channel.
                 let text = amqp_error(&e);
-                let failure = if text.contains("NOT_FOUND")
-                    || text.contains("ACCESS_REFUSED")
-                    || text.contains("not allowed")
-                {
-                    Failure::Permanent
-                } else {
-                    Failure::Transient
-                };
+                let failure =
+                    if text.contains("NOT_FOUND") || text.contains("ACCESS_REFUSED") || text.contains("not allowed") {
+                        Failure::Permanent
+                    } else {
+                        Failure::Transient
+                    };
                 *self.publisher.lock().await = None;
                 Err(PublishError {
                     failure,
-                    message: format!(
-                        "publishing to {} failed: {text}",
-                        describe_exchange(exchange)
-                    ),
+                    message: format!("publishing to {} failed: {text}", describe_exchange(exchange)),
                 })
             }
         }
@@ -447,32 +364,17 @@ pub fn destination_for(target: &RabbitmqTarget, shown: &str) -> Result<Destinati
 }
 
 fn amqp_destination(exchange: String, mut keys: Vec<String>) -> Destination {
-    let routing_key = if keys.is_empty() {
-        String::new()
-    } else {
-        keys.remove(0)
-    };
+    let routing_key = if keys.is_empty() { String::new() } else { keys.remove(0) };
     let label = match (exchange.as_str(), keys.is_empty()) {
         ("", _) => format!("queue {routing_key}"),
         (x, true) => format!("exchange {x}, key {routing_key}"),
         (x, false) => format!("exchange {x}, keys {routing_key},{}", keys.join(",")),
     };
-    Destination {
-        label,
-        route: Route::Amqp {
-            exchange,
-            routing_key,
-            cc: keys,
-        },
-    }
+    Destination { label, route: Route::Amqp { exchange, routing_key, cc: keys } }
 }
 
 fn describe_exchange(exchange: &str) -> String {
-    if exchange.is_empty() {
-        "the default exchange".into()
-    } else {
-        format!("exchange {exchange:?}")
-    }
+    if exchange.is_empty() { "the default exchange".into() } else { format!("exchange {exchange:?}") }
 }
 
 #[async_trait]
@@ -482,11 +384,7 @@ impl Broker for RabbitmqBroker {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            peek: true,
-            peek_cost: Some(PEEK_COST),
-            consume: true,
-        }
+        Capabilities { peek: true, peek_cost: Some(PEEK_COST), consume: true, server_move: false }
     }
 
     async fn describe(&self) -> Result<Description> {
@@ -495,20 +393,9 @@ impl Broker for RabbitmqBroker {
         // API lags a few seconds behind a new queue, so it only adds what it knows.
         let depth = self.depth(&queue).await?;
         let topology = self.topology().await?;
-        let known = ApiQueue {
-            name: queue.clone(),
-            ..ApiQueue::default()
-        };
-        let q = topology
-            .queues
-            .iter()
-            .find(|q| q.name == queue)
-            .unwrap_or(&known);
-        let sources = topology
-            .sources
-            .get(&queue)
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default();
+        let known = ApiQueue { name: queue.clone(), ..ApiQueue::default() };
+        let q = topology.queues.iter().find(|q| q.name == queue).unwrap_or(&known);
+        let sources = topology.sources.get(&queue).map(|s| s.iter().cloned().collect()).unwrap_or_default();
         let mut description = self.describe_queue(q, sources, Vec::new());
         description.depth = Some(depth);
         Ok(description)
@@ -519,16 +406,9 @@ impl Broker for RabbitmqBroker {
         let mut out: Vec<Description> = topology
             .queues
             .iter()
-            .filter(|q| {
-                topology.sources.contains_key(&q.name)
-                    || self.target.queue.as_deref() == Some(q.name.as_str())
-            })
+            .filter(|q| topology.sources.contains_key(&q.name) || self.target.queue.as_deref() == Some(q.name.as_str()))
             .map(|q| {
-                let sources = topology
-                    .sources
-                    .get(&q.name)
-                    .map(|s| s.iter().cloned().collect())
-                    .unwrap_or_default();
+                let sources = topology.sources.get(&q.name).map(|s| s.iter().cloned().collect()).unwrap_or_default();
                 self.describe_queue(q, sources, Vec::new())
             })
             .collect();
@@ -552,44 +432,41 @@ impl Broker for RabbitmqBroker {
         let queue = self.queue()?.to_owned();
         self.guard_quorum_read(&queue).await?;
         let channel = self.channel("peeking").await?;
+        // Fetched messages stay unacked on this channel, so each is seen once; closing it
+        // (at the end of the queue, or in `end_read`) puts them all back in order.
+        if let Some(previous) = self.reader.lock().await.replace(channel.clone()) {
+            let _ = previous.close(200, "peek done".into()).await;
+        }
         let name = short(&queue)?;
         let remaining = limit.unwrap_or(u64::MAX);
-        // Fetched messages stay unacked on this channel, so each is seen once; closing the
-        // channel at the end puts them all back in order.
-        Ok(
-            futures::stream::unfold(Some((channel, remaining)), move |state| {
-                let name = name.clone();
-                let queue = queue.clone();
-                async move {
-                    let (channel, remaining) = state?;
-                    if remaining == 0 {
-                        let _ = channel.close(200, "peek done".into()).await;
-                        return None;
-                    }
-                    match channel
-                        .basic_get(name, BasicGetOptions { no_ack: false })
-                        .await
-                    {
-                        Ok(Some(message)) => {
-                            let letter = self.normalize(&queue, &message.delivery);
-                            Some((Ok(letter), Some((channel, remaining - 1))))
-                        }
-                        Ok(None) => {
-                            let _ = channel.close(200, "peek done".into()).await;
-                            None
-                        }
-                        Err(e) => Some((
-                            Err(Error::Runtime(format!(
-                                "reading {queue}: {}",
-                                amqp_error(&e)
-                            ))),
-                            None,
-                        )),
-                    }
+        Ok(futures::stream::unfold(Some((channel, remaining)), move |state| {
+            let name = name.clone();
+            let queue = queue.clone();
+            async move {
+                let (channel, remaining) = state?;
+                if remaining == 0 {
+                    return self.end_read().await.err().map(|e| (Err(e), None));
                 }
-            })
-            .boxed(),
-        )
+                match channel.basic_get(name, BasicGetOptions { no_ack: false }).await {
+                    Ok(Some(message)) => {
+                        let letter = self.normalize(&queue, &message.delivery);
+                        Some((Ok(letter), Some((channel, remaining - 1))))
+                    }
+                    Ok(None) => self.end_read().await.err().map(|e| (Err(e), None)),
+                    Err(e) => Some((Err(Error::Runtime(format!("reading {queue}: {}", amqp_error(&e)))), None)),
+                }
+            }
+        })
+        .boxed())
+    }
+
+    async fn end_read(&self) -> Result<()> {
+        if let Some(channel) = self.reader.lock().await.take() {
+            channel.close(200, "peek done".into()).await.map_err(|e| {
+                Error::Runtime(format!("putting peeked messages back in {}: {}", self.shown, amqp_error(&e)))
+            })?;
+        }
+        Ok(())
     }
 
     async fn receive(&self, max: usize) -> Result<Vec<Received>> {
@@ -617,9 +494,7 @@ impl Broker for RabbitmqBroker {
 
     async fn settle(&self, handles: &[Handle]) -> Result<()> {
         let slot = self.consumer.lock().await;
-        let channel = slot
-            .as_ref()
-            .ok_or_else(|| Error::Runtime("settle before receive".into()))?;
+        let channel = slot.as_ref().ok_or_else(|| Error::Runtime("settle before receive".into()))?;
         for handle in handles {
             let Handle::Delivery(tag) = handle else {
                 continue;
@@ -627,13 +502,7 @@ impl Broker for RabbitmqBroker {
             channel
                 .basic_ack(*tag, BasicAckOptions::default())
                 .await
-                .map_err(|e| {
-                    Error::Runtime(format!(
-                        "acknowledging in {}: {}",
-                        self.shown,
-                        amqp_error(&e)
-                    ))
-                })?;
+                .map_err(|e| Error::Runtime(format!("acknowledging in {}: {}", self.shown, amqp_error(&e))))?;
         }
         Ok(())
     }
@@ -650,9 +519,7 @@ impl Broker for RabbitmqBroker {
             channel
                 .basic_reject(*tag, BasicRejectOptions { requeue: true })
                 .await
-                .map_err(|e| {
-                    Error::Runtime(format!("requeueing in {}: {}", self.shown, amqp_error(&e)))
-                })?;
+                .map_err(|e| Error::Runtime(format!("requeueing in {}: {}", self.shown, amqp_error(&e))))?;
         }
         Ok(())
     }
@@ -662,10 +529,7 @@ impl Broker for RabbitmqBroker {
         if letter.source.routing_keys.is_empty() {
             return None;
         }
-        Some(amqp_destination(
-            exchange,
-            letter.source.routing_keys.clone(),
-        ))
+        Some(amqp_destination(exchange, letter.source.routing_keys.clone()))
     }
 
     fn source_sink(&self) -> Option<&dyn Sink> {
@@ -675,10 +539,7 @@ impl Broker for RabbitmqBroker {
 
 #[async_trait]
 impl Sink for RabbitmqBroker {
-    async fn publish(
-        &self,
-        batch: &[(DeadLetter, Destination)],
-    ) -> Vec<std::result::Result<(), PublishError>> {
+    async fn publish(&self, batch: &[(DeadLetter, Destination)]) -> Vec<std::result::Result<(), PublishError>> {
         let mut results = Vec::with_capacity(batch.len());
         for (letter, destination) in batch {
             results.push(self.publish_one(letter, destination).await);
@@ -693,8 +554,7 @@ impl RabbitmqBroker {
         let headers = p.headers().as_ref().map(from_table).unwrap_or_default();
         let death = decode_x_death(&headers);
         let mut properties = Headers::new();
-        let text =
-            |v: &Option<ShortString>| v.as_ref().map(|s| Value::String(s.as_str().to_owned()));
+        let text = |v: &Option<ShortString>| v.as_ref().map(|s| Value::String(s.as_str().to_owned()));
         for (name, value) in [
             ("message_id", text(p.message_id())),
             ("correlation_id", text(p.correlation_id())),
@@ -707,16 +567,8 @@ impl RabbitmqBroker {
             ("expiration", text(p.expiration())),
             ("cluster_id", text(p.cluster_id())),
             ("priority", p.priority().map(|n| Value::Int(i64::from(n)))),
-            (
-                "delivery_mode",
-                p.delivery_mode().map(|n| Value::Int(i64::from(n))),
-            ),
-            (
-                "timestamp",
-                p.timestamp()
-                    .and_then(|t| seconds(t as i64))
-                    .map(Value::Timestamp),
-            ),
+            ("delivery_mode", p.delivery_mode().map(|n| Value::Int(i64::from(n)))),
+            ("timestamp", p.timestamp().and_then(|t| seconds(t as i64)).map(Value::Timestamp)),
         ] {
             if let Some(v) = value {
                 properties.push(name, v);
@@ -813,12 +665,7 @@ pub fn decode_x_death(headers: &Headers) -> Death {
             .or_else(|| first.and_then(|t| text(t, "exchange"))),
         routing_keys: first
             .and_then(|t| match t.get("routing-keys") {
-                Some(Value::List(keys)) => Some(
-                    keys.iter()
-                        .filter_map(Value::as_str)
-                        .map(str::to_owned)
-                        .collect(),
-                ),
+                Some(Value::List(keys)) => Some(keys.iter().filter_map(Value::as_str).map(str::to_owned).collect()),
                 _ => None,
             })
             .unwrap_or_default(),
@@ -856,18 +703,12 @@ fn content_id(body: &[u8], headers: &Headers) -> String {
     let mut digest = Sha256::new();
     digest.update(body);
     digest.update(serde_json::to_vec(headers).unwrap_or_default());
-    let hex: String = digest.finalize()[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hex: String = digest.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect();
     format!("sha-{hex}")
 }
 
 pub fn from_table(table: &FieldTable) -> Headers {
-    table
-        .into_iter()
-        .map(|(k, v)| (k.as_str().to_owned(), from_amqp(v)))
-        .collect()
+    table.into_iter().map(|(k, v)| (k.as_str().to_owned(), from_amqp(v))).collect()
 }
 
 fn from_amqp(value: &AMQPValue) -> Value {
@@ -882,22 +723,17 @@ fn from_amqp(value: &AMQPValue) -> Value {
         AMQPValue::LongLongInt(n) => Value::Int(*n),
         AMQPValue::Float(x) => Value::Float(f64::from(*x)),
         AMQPValue::Double(x) => Value::Float(*x),
-        AMQPValue::DecimalValue(d) => {
-            Value::Float(f64::from(d.value) / 10f64.powi(i32::from(d.scale)))
-        }
+        AMQPValue::DecimalValue(d) => Value::Float(f64::from(d.value) / 10f64.powi(i32::from(d.scale))),
         AMQPValue::ShortString(s) => Value::String(s.as_str().to_owned()),
         AMQPValue::LongString(s) => match std::str::from_utf8(s.as_bytes()) {
             Ok(text) => Value::String(text.to_owned()),
             Err(_) => Value::Bytes(s.as_bytes().to_vec()),
         },
         AMQPValue::ByteArray(b) => Value::Bytes(b.as_slice().to_vec()),
-        AMQPValue::FieldArray(items) => {
-            Value::List(items.as_slice().iter().map(from_amqp).collect())
+        AMQPValue::FieldArray(items) => Value::List(items.as_slice().iter().map(from_amqp).collect()),
+        AMQPValue::Timestamp(t) => {
+            i64::try_from(*t).ok().and_then(seconds).map_or(Value::Int(*t as i64), Value::Timestamp)
         }
-        AMQPValue::Timestamp(t) => i64::try_from(*t)
-            .ok()
-            .and_then(seconds)
-            .map_or(Value::Int(*t as i64), Value::Timestamp),
         AMQPValue::FieldTable(t) => Value::Table(from_table(t)),
         AMQPValue::Void => Value::Null,
     }
@@ -906,8 +742,7 @@ fn from_amqp(value: &AMQPValue) -> Value {
 fn to_table(headers: &Headers) -> std::result::Result<FieldTable, String> {
     let mut table = FieldTable::default();
     for (k, v) in headers.iter() {
-        let key = ShortString::try_new(k)
-            .map_err(|_| format!("header name {k:?} is over 255 bytes, AMQP's limit"))?;
+        let key = ShortString::try_new(k).map_err(|_| format!("header name {k:?} is over 255 bytes, AMQP's limit"))?;
         table.insert(key, to_amqp(v)?);
     }
     Ok(table)
@@ -923,10 +758,7 @@ fn to_amqp(value: &Value) -> std::result::Result<AMQPValue, String> {
         Value::Bytes(b) => AMQPValue::LongString(LongString::from(b.as_slice())),
         Value::Timestamp(t) => AMQPValue::Timestamp(u64::try_from(t.timestamp()).unwrap_or(0)),
         Value::List(items) => AMQPValue::FieldArray(FieldArray::from(
-            items
-                .iter()
-                .map(to_amqp)
-                .collect::<std::result::Result<Vec<_>, _>>()?,
+            items.iter().map(to_amqp).collect::<std::result::Result<Vec<_>, _>>()?,
         )),
         Value::Table(t) => AMQPValue::FieldTable(to_table(t)?),
     })
@@ -972,11 +804,7 @@ fn to_properties(letter: &DeadLetter) -> std::result::Result<BasicProperties, St
 }
 
 fn short(name: &str) -> Result<ShortString> {
-    ShortString::try_new(name).map_err(|_| {
-        Error::Usage(format!(
-            "{name:?} is over 255 bytes, AMQP's limit for names"
-        ))
-    })
+    ShortString::try_new(name).map_err(|_| Error::Usage(format!("{name:?} is over 255 bytes, AMQP's limit for names")))
 }
 
 /// lapin's error text, which never includes the URI or password.
@@ -1054,12 +882,10 @@ struct ApiQueue {
 impl ApiQueue {
     /// A setting from the queue's arguments, else its effective policy.
     fn setting(&self, argument: &str, policy_key: &str) -> Option<serde_json::Value> {
-        self.arguments.get(argument).cloned().or_else(|| {
-            self.effective_policy_definition
-                .as_ref()
-                .and_then(|d| d.get(policy_key))
-                .cloned()
-        })
+        self.arguments
+            .get(argument)
+            .cloned()
+            .or_else(|| self.effective_policy_definition.as_ref().and_then(|d| d.get(policy_key)).cloned())
     }
 }
 
@@ -1085,14 +911,7 @@ mod tests {
         crate::model::parse_time(s).unwrap()
     }
 
-    fn entry(
-        reason: &str,
-        queue: &str,
-        exchange: &str,
-        key: &str,
-        count: i64,
-        time: &str,
-    ) -> Value {
+    fn entry(reason: &str, queue: &str, exchange: &str, key: &str, count: i64, time: &str) -> Value {
         Value::Table(
             Headers::new()
                 .with("count", count)
@@ -1110,22 +929,8 @@ mod tests {
             .with(
                 "x-death",
                 vec![
-                    entry(
-                        "expired",
-                        "orders.retry",
-                        "",
-                        "orders.retry",
-                        1,
-                        "2026-11-30T10:00:05Z",
-                    ),
-                    entry(
-                        "rejected",
-                        "orders.validate",
-                        "orders",
-                        "order.created",
-                        2,
-                        "2026-11-30T10:00:00Z",
-                    ),
+                    entry("expired", "orders.retry", "", "orders.retry", 1, "2026-11-30T10:00:05Z"),
+                    entry("rejected", "orders.validate", "orders", "order.created", 2, "2026-11-30T10:00:00Z"),
                 ],
             )
             .with("x-first-death-reason", "rejected")
@@ -1150,10 +955,7 @@ mod tests {
             ("delivery_limit", ReasonKind::DeliveryLimit),
             ("something-new", ReasonKind::Unknown),
         ] {
-            let h = Headers::new().with(
-                "x-death",
-                vec![entry(raw, "q", "x", "k", 1, "2026-11-30T10:00:00Z")],
-            );
+            let h = Headers::new().with("x-death", vec![entry(raw, "q", "x", "k", 1, "2026-11-30T10:00:00Z")]);
             assert_eq!(decode_x_death(&h).reason.kind, kind, "{raw}");
         }
         let mut table = FieldTable::default();
@@ -1161,10 +963,7 @@ mod tests {
         table.insert("time".into(), AMQPValue::Timestamp(1_795_910_400));
         table.insert("reason".into(), AMQPValue::LongString("rejected".into()));
         let mut outer = FieldTable::default();
-        outer.insert(
-            "x-death".into(),
-            AMQPValue::FieldArray(vec![AMQPValue::FieldTable(table)].into()),
-        );
+        outer.insert("x-death".into(), AMQPValue::FieldArray(vec![AMQPValue::FieldTable(table)].into()));
         let d = decode_x_death(&from_table(&outer));
         assert_eq!(d.count, Some(7));
         assert_eq!(d.first, Some(t("2026-11-29T00:00:00Z")));
@@ -1185,21 +984,14 @@ mod tests {
             .with("f", Value::Float(1.5))
             .with("flag", true)
             .with("when", t("2026-11-30T10:00:00Z"))
-            .with(
-                "nested",
-                Headers::new().with("list", vec![Value::from(1i64), Value::Null]),
-            );
+            .with("nested", Headers::new().with("list", vec![Value::from(1i64), Value::Null]));
         let table = to_table(&headers).unwrap();
         let back = from_table(&table);
         for (k, v) in headers.iter() {
             assert_eq!(back.get(k), Some(v), "{k}");
         }
         let long = "k".repeat(256);
-        assert!(
-            to_table(&Headers::new().with(long, 1i64))
-                .unwrap_err()
-                .contains("255")
-        );
+        assert!(to_table(&Headers::new().with(long, 1i64)).unwrap_err().contains("255"));
     }
 
     #[test]
@@ -1214,19 +1006,9 @@ mod tests {
 
     #[test]
     fn destinations_name_what_they_route_to() {
-        assert_eq!(
-            amqp_destination(String::new(), vec!["q".into()]).label,
-            "queue q"
-        );
+        assert_eq!(amqp_destination(String::new(), vec!["q".into()]).label, "queue q");
         let d = amqp_destination("orders".into(), vec!["a".into(), "b".into()]);
         assert_eq!(d.label, "exchange orders, keys a,b");
-        assert_eq!(
-            d.route,
-            Route::Amqp {
-                exchange: "orders".into(),
-                routing_key: "a".into(),
-                cc: vec!["b".into()]
-            }
-        );
+        assert_eq!(d.route, Route::Amqp { exchange: "orders".into(), routing_key: "a".into(), cc: vec!["b".into()] });
     }
 }

@@ -30,12 +30,10 @@ pub async fn run(ctx: &mut Context, args: &ExportArgs) -> Result<()> {
         count += 1;
     }
     drop(letters);
+    broker.end_read().await?;
     if let Some(f) = file {
         let path = f.commit()?;
-        ctx.out.note(&format!(
-            "exported {count} dead letters from {target} to {}",
-            path.display()
-        ));
+        ctx.out.note(&format!("exported {count} dead letters from {target} to {}", path.display()));
     }
     ctx.report_read_notes(broker.as_ref());
     Ok(())
@@ -53,13 +51,8 @@ impl PartialFile {
         let mut tmp = path.as_os_str().to_owned();
         tmp.push(".partial");
         let tmp = PathBuf::from(tmp);
-        let file = File::create(&tmp)
-            .map_err(|e| Error::io(format!("cannot create {}", tmp.display()), e))?;
-        Ok(PartialFile {
-            path: path.to_path_buf(),
-            tmp,
-            out: BufWriter::with_capacity(128 * 1024, file),
-        })
+        let file = File::create(&tmp).map_err(|e| Error::io(format!("cannot create {}", tmp.display()), e))?;
+        Ok(PartialFile { path: path.to_path_buf(), tmp, out: BufWriter::with_capacity(128 * 1024, file) })
     }
 
     fn write_line<T: serde::Serialize>(&mut self, value: &T) -> Result<()> {
@@ -69,8 +62,7 @@ impl PartialFile {
     }
 
     fn commit(mut self) -> Result<PathBuf> {
-        let fail =
-            |e: std::io::Error| Error::io(format!("cannot finish {}", self.path.display()), e);
+        let fail = |e: std::io::Error| Error::io(format!("cannot finish {}", self.path.display()), e);
         self.out.flush().map_err(fail)?;
         self.out.get_ref().sync_all().map_err(fail)?;
         std::fs::rename(&self.tmp, &self.path).map_err(fail)?;

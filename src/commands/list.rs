@@ -13,26 +13,12 @@ pub async fn run(ctx: &mut Context, args: &ListArgs) -> Result<()> {
     let broker = broker::open(&target, &OpenOptions::default()).await?;
     let dlqs = broker.list().await?;
     if ctx.out.is_json() {
-        return ctx
-            .out
-            .json_line(&json!({ "target": target.to_string(), "dlqs": dlqs }));
+        return ctx.out.json_line(&json!({ "target": target.to_string(), "dlqs": dlqs }));
     }
-    let mut table = ctx.out.table(&[
-        "name",
-        "kind",
-        "depth",
-        "oldest",
-        "retention",
-        "sources",
-        "notes",
-    ]);
+    let mut table = ctx.out.table(&["name", "kind", "depth", "oldest", "retention", "sources", "notes"]);
     for d in &dlqs {
         let depth = d.depth.map_or("?".into(), |n| n.to_string());
-        let depth_color = if d.depth.unwrap_or(0) > 0 {
-            Color::Yellow
-        } else {
-            Color::Green
-        };
+        let depth_color = if d.depth.unwrap_or(0) > 0 { Color::Yellow } else { Color::Green };
         table.add_row(vec![
             d.name.clone().into(),
             d.kind.into(),

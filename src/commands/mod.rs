@@ -33,10 +33,7 @@ impl Context {
     /// Resolve and open the DLQ named on the command line.
     pub async fn open(&self, read: &ReadArgs) -> Result<(Target, Box<dyn Broker>)> {
         let target = self.config.resolve(&read.target)?;
-        let options = OpenOptions {
-            skip_invalid: read.skip_invalid,
-            force: read.force,
-        };
+        let options = OpenOptions { skip_invalid: read.skip_invalid, force: read.force };
         let broker = broker::open(&target, &options).await?;
         Ok((target, broker))
     }
@@ -49,17 +46,9 @@ impl Context {
         limit: Option<u64>,
     ) -> Result<LetterStream<'a>> {
         let selection = Selection::parse(&read.filters)?;
-        let reason_from = read
-            .reason_from
-            .as_deref()
-            .map(ReasonFrom::parse)
-            .transpose()?;
+        let reason_from = read.reason_from.as_deref().map(ReasonFrom::parse).transpose()?;
         // Without a selection the broker can stop reading at the limit itself.
-        let read_limit = if selection.is_everything() {
-            limit
-        } else {
-            None
-        };
+        let read_limit = if selection.is_everything() { limit } else { None };
         let now = Utc::now();
         let selected = broker
             .peek(read_limit)
@@ -72,9 +61,7 @@ impl Context {
             })
             .try_filter(move |letter| std::future::ready(selection.matches(letter, now)));
         Ok(match limit {
-            Some(n) => selected
-                .take(usize::try_from(n).unwrap_or(usize::MAX))
-                .boxed(),
+            Some(n) => selected.take(usize::try_from(n).unwrap_or(usize::MAX)).boxed(),
             None => selected.boxed(),
         })
     }
@@ -150,9 +137,6 @@ mod tests {
         assert_eq!(format_age(Duration::from_millis(200)), "200ms");
         assert_eq!(format_age(Duration::from_secs(125)), "2m5s");
         assert_eq!(format_age(Duration::from_secs(3 * 3600 + 60)), "3h1m");
-        assert_eq!(
-            format_age(Duration::from_secs(2 * 86_400 + 5 * 3600 + 7)),
-            "2d5h"
-        );
+        assert_eq!(format_age(Duration::from_secs(2 * 86_400 + 5 * 3600 + 7)), "2d5h");
     }
 }

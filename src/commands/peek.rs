@@ -19,11 +19,9 @@ pub async fn run(ctx: &mut Context, args: &PeekArgs) -> Result<()> {
         ctx.out.note(cost);
     }
     let redactor = ctx.redactor(&args.redact);
-    let mut letters = ctx
-        .letters(broker.as_ref(), &args.read, Some(args.limit))
-        .await?;
-    let mut table = (!ctx.out.is_json() && !args.full)
-        .then(|| ctx.out.table(&["id", "age", "reason", "source", "body"]));
+    let mut letters = ctx.letters(broker.as_ref(), &args.read, Some(args.limit)).await?;
+    let mut table =
+        (!ctx.out.is_json() && !args.full).then(|| ctx.out.table(&["id", "age", "reason", "source", "body"]));
     let mut shown = 0u64;
     while let Some(mut letter) = letters.try_next().await? {
         redactor.apply(&mut letter);
@@ -34,14 +32,8 @@ pub async fn run(ctx: &mut Context, args: &PeekArgs) -> Result<()> {
             table.add_row(vec![
                 letter.id.clone().into(),
                 age(&letter).into(),
-                ctx.out
-                    .colored(reason(&letter), reason_color(letter.reason.kind)),
-                letter
-                    .source
-                    .name
-                    .clone()
-                    .unwrap_or_else(|| "-".into())
-                    .into(),
+                ctx.out.colored(reason(&letter), reason_color(letter.reason.kind)),
+                letter.source.name.clone().unwrap_or_else(|| "-".into()).into(),
                 preview(letter.body.as_deref()).into(),
             ]);
         } else {
@@ -49,6 +41,7 @@ pub async fn run(ctx: &mut Context, args: &PeekArgs) -> Result<()> {
         }
     }
     drop(letters);
+    broker.end_read().await?;
     if let Some(table) = &mut table
         && shown > 0
     {
@@ -62,20 +55,14 @@ pub async fn run(ctx: &mut Context, args: &PeekArgs) -> Result<()> {
 }
 
 fn age(letter: &DeadLetter) -> String {
-    letter.failed_at().map_or("-".into(), |t| {
-        format_age((Utc::now() - t).to_std().unwrap_or_default())
-    })
+    letter.failed_at().map_or("-".into(), |t| format_age((Utc::now() - t).to_std().unwrap_or_default()))
 }
 
 fn reason(letter: &DeadLetter) -> String {
     let r = &letter.reason;
     match r.failure_class() {
         // The class's simple name fits a column; --full shows the whole of it.
-        Some(class) => format!(
-            "{} ({})",
-            r.kind,
-            class.rsplit(['.', '$']).next().unwrap_or(class)
-        ),
+        Some(class) => format!("{} ({})", r.kind, class.rsplit(['.', '$']).next().unwrap_or(class)),
         None => r.kind.to_string(),
     }
 }
@@ -128,10 +115,7 @@ fn write_full(w: &mut impl Write, letter: &DeadLetter, separator: bool) -> std::
     field(w, "dlq:", letter.dlq.clone())?;
     let s = &letter.source;
     let mut source = s.name.clone().unwrap_or_else(|| "-".into());
-    for (k, v) in [
-        ("address", s.address.clone()),
-        ("exchange", s.exchange.clone()),
-    ] {
+    for (k, v) in [("address", s.address.clone()), ("exchange", s.exchange.clone())] {
         if let Some(v) = v {
             source.push_str(&format!(" {k}={v}"));
         }
@@ -154,16 +138,8 @@ fn write_full(w: &mut impl Write, letter: &DeadLetter, separator: bool) -> std::
     field(w, "  cause:", r.cause_class.clone())?;
     field(w, "  message:", r.message.clone())?;
     field(w, "failures:", letter.failure_count.map(|n| n.to_string()))?;
-    field(
-        w,
-        "first failed:",
-        letter.first_failed_at.as_ref().map(format_time),
-    )?;
-    field(
-        w,
-        "last failed:",
-        letter.last_failed_at.as_ref().map(format_time),
-    )?;
+    field(w, "first failed:", letter.first_failed_at.as_ref().map(format_time))?;
+    field(w, "last failed:", letter.last_failed_at.as_ref().map(format_time))?;
     field(w, "enqueued:", letter.enqueued_at.as_ref().map(format_time))?;
     for (title, headers) in [("headers:", &letter.headers), ("extras:", &letter.extras)] {
         if !headers.is_empty() {
@@ -177,12 +153,7 @@ fn write_full(w: &mut impl Write, letter: &DeadLetter, separator: bool) -> std::
         None => writeln!(w, "body:         <null>"),
         Some(b) => match std::str::from_utf8(b) {
             Ok(text) => writeln!(w, "body ({} bytes):\n{text}", b.len()),
-            Err(_) => writeln!(
-                w,
-                "body (binary, {} bytes, base64):\n{}",
-                b.len(),
-                base64_of(b)
-            ),
+            Err(_) => writeln!(w, "body (binary, {} bytes, base64):\n{}", b.len(), base64_of(b)),
         },
     }
 }
@@ -203,9 +174,6 @@ mod tests {
         assert_eq!(preview(Some(&[0xff, 0xfe])), "<binary, 2 bytes>");
         assert_eq!(preview(Some(b"a\nb")), "a\\nb");
         let long = "x".repeat(100);
-        assert_eq!(
-            preview(Some(long.as_bytes())).chars().count(),
-            PREVIEW_CHARS + 1
-        );
+        assert_eq!(preview(Some(long.as_bytes())).chars().count(), PREVIEW_CHARS + 1);
     }
 }

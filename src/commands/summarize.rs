@@ -55,11 +55,7 @@ impl GroupBy {
                 None => NO_TIME,
                 Some(t) => {
                     let age = (now - t).to_std().unwrap_or(Duration::ZERO).as_secs();
-                    AGE_BUCKETS
-                        .iter()
-                        .find(|(_, max)| age < *max)
-                        .expect("open-ended last bucket")
-                        .0
+                    AGE_BUCKETS.iter().find(|(_, max)| age < *max).expect("open-ended last bucket").0
                 }
             },
             GroupBy::Exchange => match letter.source.exchange.as_deref() {
@@ -96,34 +92,21 @@ pub async fn run(ctx: &mut Context, args: &SummarizeArgs) -> Result<()> {
             None => {
                 groups.insert(
                     key.into_owned(),
-                    Group {
-                        count: 1,
-                        first_seen: seen,
-                        last_seen: seen,
-                        example_id: letter.id,
-                    },
+                    Group { count: 1, first_seen: seen, last_seen: seen, example_id: letter.id },
                 );
             }
         }
     }
     drop(letters);
+    broker.end_read().await?;
 
     let mut rows: Vec<(String, Group)> = groups.into_iter().collect();
     match args.by {
-        GroupBy::Age => rows.sort_by_key(|(k, _)| {
-            AGE_BUCKETS
-                .iter()
-                .position(|(b, _)| b == k)
-                .unwrap_or(usize::MAX)
-        }),
+        GroupBy::Age => rows.sort_by_key(|(k, _)| AGE_BUCKETS.iter().position(|(b, _)| b == k).unwrap_or(usize::MAX)),
         _ => rows.sort_by(|(ka, a), (kb, b)| b.count.cmp(&a.count).then_with(|| ka.cmp(kb))),
     }
     let share = |count: u64| {
-        if total == 0 {
-            0.0
-        } else {
-            count as f64 / total as f64
-        }
+        if total == 0 { 0.0 } else { count as f64 / total as f64 }
     };
     let field = args.by.name();
 
@@ -134,38 +117,19 @@ pub async fn run(ctx: &mut Context, args: &SummarizeArgs) -> Result<()> {
                 let mut obj = Map::new();
                 obj.insert(field.into(), key.as_str().into());
                 obj.insert("count".into(), g.count.into());
-                obj.insert(
-                    "share".into(),
-                    json!((share(g.count) * 10_000.0).round() / 10_000.0),
-                );
-                obj.insert(
-                    "first_seen".into(),
-                    g.first_seen.as_ref().map(format_time).into(),
-                );
-                obj.insert(
-                    "last_seen".into(),
-                    g.last_seen.as_ref().map(format_time).into(),
-                );
+                obj.insert("share".into(), json!((share(g.count) * 10_000.0).round() / 10_000.0));
+                obj.insert("first_seen".into(), g.first_seen.as_ref().map(format_time).into());
+                obj.insert("last_seen".into(), g.last_seen.as_ref().map(format_time).into());
                 obj.insert("example_id".into(), g.example_id.as_str().into());
                 Json::Object(obj)
             })
             .collect();
-        let report =
-            json!({ "target": target.to_string(), "by": field, "total": total, "groups": groups });
+        let report = json!({ "target": target.to_string(), "by": field, "total": total, "groups": groups });
         ctx.out.json_line(&report)?;
     } else {
-        let mut table = ctx.out.table(&[
-            field,
-            "count",
-            "share",
-            "first seen",
-            "last seen",
-            "example id",
-        ]);
-        let time = |t: &Option<DateTime<Utc>>| {
-            t.as_ref()
-                .map_or("-".into(), |t| t.format("%Y-%m-%d %H:%M").to_string())
-        };
+        let mut table = ctx.out.table(&[field, "count", "share", "first seen", "last seen", "example id"]);
+        let time =
+            |t: &Option<DateTime<Utc>>| t.as_ref().map_or("-".into(), |t| t.format("%Y-%m-%d %H:%M").to_string());
         for (key, g) in &rows {
             table.add_row(vec![
                 key.clone(),
@@ -176,11 +140,7 @@ pub async fn run(ctx: &mut Context, args: &SummarizeArgs) -> Result<()> {
                 g.example_id.clone(),
             ]);
         }
-        table.add_row(vec![
-            "total".to_string(),
-            total.to_string(),
-            if total > 0 { "100.0%" } else { "-" }.into(),
-        ]);
+        table.add_row(vec!["total".to_string(), total.to_string(), if total > 0 { "100.0%" } else { "-" }.into()]);
         ctx.out.print_table(&mut table)?;
     }
     ctx.report_read_notes(broker.as_ref());

@@ -57,7 +57,8 @@ pub struct RunInfo<'a> {
     pub to: Option<&'a str>,
     pub selection: &'a str,
     pub note: Option<&'a str>,
-    pub checkpoint: &'a Path,
+    /// None for a server-side move, which the broker itself keeps track of.
+    pub checkpoint: Option<&'a Path>,
 }
 
 pub struct AuditLog {
@@ -67,10 +68,7 @@ pub struct AuditLog {
 
 impl AuditLog {
     pub fn create(path: &Path, run: &RunInfo) -> Result<AuditLog> {
-        let mut log = AuditLog {
-            path: path.to_path_buf(),
-            out: private_file(path, true)?,
-        };
+        let mut log = AuditLog { path: path.to_path_buf(), out: private_file(path, true)? };
         // Arguments may carry a URL with a password; mask it like every other output.
         let command: Vec<String> = std::env::args().map(|a| mask_input(&a)).collect();
         let header = json!({
@@ -82,7 +80,7 @@ impl AuditLog {
             "operator": operator(),
             "started_at": format_time(&Utc::now()),
             "note": run.note,
-            "checkpoint": run.checkpoint.display().to_string(),
+            "checkpoint": run.checkpoint.map(|c| c.display().to_string()),
         });
         log.write(&header)?;
         Ok(log)
@@ -96,19 +94,20 @@ impl AuditLog {
         self.write(entry)
     }
 
+    /// A line about the run rather than one message (a server-side move starting or ending).
+    pub fn event(&mut self, event: &serde_json::Value) -> Result<()> {
+        self.write(event)
+    }
+
     fn write<T: Serialize>(&mut self, value: &T) -> Result<()> {
-        let fail = |e: std::io::Error| {
-            Error::io(format!("cannot write audit log {}", self.path.display()), e)
-        };
+        let fail = |e: std::io::Error| Error::io(format!("cannot write audit log {}", self.path.display()), e);
         serde_json::to_writer(&mut self.out, value).map_err(|e| fail(e.into()))?;
         self.out.write_all(b"\n").map_err(fail)
     }
 
     /// Flush what is buffered; called after every batch so the trail keeps up with the DLQ.
     pub fn flush(&mut self) -> Result<()> {
-        self.out
-            .flush()
-            .map_err(|e| Error::io(format!("cannot write audit log {}", self.path.display()), e))
+        self.out.flush().map_err(|e| Error::io(format!("cannot write audit log {}", self.path.display()), e))
     }
 }
 

@@ -37,38 +37,25 @@ pub struct Checkpoint {
 
 impl Checkpoint {
     pub fn create(path: &Path, dlq: &str, to: Option<&str>) -> Result<Checkpoint> {
-        let mut checkpoint = Checkpoint {
-            path: path.to_path_buf(),
-            out: private_file(path, false)?,
-            published: HashSet::new(),
-        };
-        let header = Header {
-            checkpoint: CHECKPOINT_SCHEMA.into(),
-            dlq: dlq.into(),
-            to: to.map(str::to_owned),
-        };
+        let mut checkpoint =
+            Checkpoint { path: path.to_path_buf(), out: private_file(path, false)?, published: HashSet::new() };
+        let header = Header { checkpoint: CHECKPOINT_SCHEMA.into(), dlq: dlq.into(), to: to.map(str::to_owned) };
         checkpoint.append(&header, true)?;
         Ok(checkpoint)
     }
 
     /// Reopen a checkpoint; it must be for the same DLQ and destination.
     pub fn resume(path: &Path, dlq: &str, to: Option<&str>) -> Result<Checkpoint> {
-        let bad =
-            |why: String| Error::Usage(format!("cannot resume from {}: {why}", path.display()));
+        let bad = |why: String| Error::Usage(format!("cannot resume from {}: {why}", path.display()));
         let file = File::open(path).map_err(|e| bad(e.to_string()))?;
         let mut lines = BufReader::new(file).lines();
         let header: Header = lines
             .next()
             .ok_or_else(|| bad("it is empty".into()))?
             .map_err(|e| bad(e.to_string()))
-            .and_then(|l| {
-                serde_json::from_str(&l).map_err(|_| bad("it is not a dlqctl checkpoint".into()))
-            })?;
+            .and_then(|l| serde_json::from_str(&l).map_err(|_| bad("it is not a dlqctl checkpoint".into())))?;
         if header.checkpoint != CHECKPOINT_SCHEMA {
-            return Err(bad(format!(
-                "unsupported checkpoint version {:?}",
-                header.checkpoint
-            )));
+            return Err(bad(format!("unsupported checkpoint version {:?}", header.checkpoint)));
         }
         if header.dlq != dlq || header.to.as_deref() != to {
             return Err(bad(format!(
@@ -86,11 +73,7 @@ impl Checkpoint {
                 published.insert(id);
             }
         }
-        Ok(Checkpoint {
-            path: path.to_path_buf(),
-            out: private_file(path, true)?,
-            published,
-        })
+        Ok(Checkpoint { path: path.to_path_buf(), out: private_file(path, true)?, published })
     }
 
     pub fn path(&self) -> &Path {
@@ -130,10 +113,7 @@ impl Checkpoint {
     }
 
     fn error(&self, e: std::io::Error) -> Error {
-        Error::io(
-            format!("cannot write checkpoint {}", self.path.display()),
-            e,
-        )
+        Error::io(format!("cannot write checkpoint {}", self.path.display()), e)
     }
 }
 
@@ -150,26 +130,13 @@ mod tests {
         c.record_published(&["a", "b"]).unwrap();
         c.record_settled(&["a"]).unwrap();
         drop(c);
-        assert_eq!(
-            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
-            0o600
-        );
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
         // A torn last line, as a kill -9 can leave.
-        std::fs::OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .unwrap()
-            .write_all(b"{\"publ")
-            .unwrap();
+        std::fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(b"{\"publ").unwrap();
 
         let c = Checkpoint::resume(&path, "q.jsonl", Some("archive out.jsonl")).unwrap();
         assert!(c.was_published("a") && c.was_published("b") && !c.was_published("c"));
-        let err = Checkpoint::resume(&path, "other.jsonl", Some("archive out.jsonl"))
-            .map(|_| ())
-            .unwrap_err();
-        assert!(
-            err.to_string().contains("belongs to a redrive of q.jsonl"),
-            "{err}"
-        );
+        let err = Checkpoint::resume(&path, "other.jsonl", Some("archive out.jsonl")).map(|_| ()).unwrap_err();
+        assert!(err.to_string().contains("belongs to a redrive of q.jsonl"), "{err}");
     }
 }

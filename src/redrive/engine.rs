@@ -65,11 +65,7 @@ pub struct Summary {
 
 impl Summary {
     pub fn is_clean(&self) -> bool {
-        self.failed == 0
-            && self.not_settled == 0
-            && self.unroutable == 0
-            && self.stopped.is_none()
-            && !self.interrupted
+        self.failed == 0 && self.not_settled == 0 && self.unroutable == 0 && self.stopped.is_none() && !self.interrupted
     }
 }
 
@@ -152,11 +148,7 @@ impl Engine<'_> {
                     release.push(r.handle);
                     continue;
                 }
-                if self
-                    .options
-                    .max_redrives
-                    .is_some_and(|max| redrive_count(&r.letter) >= max)
-                {
+                if self.options.max_redrives.is_some_and(|max| redrive_count(&r.letter) >= max) {
                     summary.over_max_redrives += 1;
                     self.log(&r.letter, &id, None, Outcome::OverMaxRedrives, None)?;
                     release.push(r.handle);
@@ -167,18 +159,11 @@ impl Engine<'_> {
                     from_checkpoint.push((r, id));
                     continue;
                 }
-                let destination = self
-                    .fixed_destination
-                    .clone()
-                    .or_else(|| self.source.source_destination(&r.letter));
+                let destination = self.fixed_destination.clone().or_else(|| self.source.source_destination(&r.letter));
                 match (destination, self.sink) {
                     (Some(destination), Some(_)) => {
                         throttle.acquire().await;
-                        moves.push(Move {
-                            received: r,
-                            redrive_id: id,
-                            destination,
-                        });
+                        moves.push(Move { received: r, redrive_id: id, destination });
                     }
                     _ => {
                         summary.unroutable += 1;
@@ -195,9 +180,7 @@ impl Engine<'_> {
             }
 
             let results = match self.sink {
-                Some(sink) if !moves.is_empty() => {
-                    publish_with_retries(sink, &moves, self.options.retries).await
-                }
+                Some(sink) if !moves.is_empty() => publish_with_retries(sink, &moves, self.options.retries).await,
                 _ => Vec::new(),
             };
             let mut confirmed: Vec<(Received, String, Option<Destination>)> = Vec::new();
@@ -211,19 +194,12 @@ impl Engine<'_> {
                         consecutive_failures += 1;
                         summary.failed += 1;
                         let label = m.destination.label.clone();
-                        self.log(
-                            &m.received.letter,
-                            &m.redrive_id,
-                            Some(&label),
-                            Outcome::Failed,
-                            Some(&e.message),
-                        )?;
+                        self.log(&m.received.letter, &m.redrive_id, Some(&label), Outcome::Failed, Some(&e.message))?;
                         release.push(m.received.handle);
                     }
                 }
             }
-            let newly_published: Vec<&str> =
-                confirmed.iter().map(|(_, id, _)| id.as_str()).collect();
+            let newly_published: Vec<&str> = confirmed.iter().map(|(_, id, _)| id.as_str()).collect();
             self.checkpoint.record_published(&newly_published)?;
             confirmed.extend(from_checkpoint.into_iter().map(|(r, id)| (r, id, None)));
 
@@ -243,8 +219,7 @@ impl Engine<'_> {
                     self.checkpoint.record_settled(&ids)?;
                 }
                 Err(e) => {
-                    let why =
-                        format!("confirmed at the destination, but the DLQ did not remove it: {e}");
+                    let why = format!("confirmed at the destination, but the DLQ did not remove it: {e}");
                     for (r, id, destination) in &confirmed {
                         let label = destination.as_ref().map(|d| d.label.as_str());
                         self.log(&r.letter, id, label, Outcome::NotSettled, Some(&why))?;
@@ -279,9 +254,7 @@ impl Engine<'_> {
             }
         }
         if let Err(e) = self.source.release(&held).await {
-            summary
-                .stopped
-                .get_or_insert(format!("returning unmoved messages to the DLQ failed: {e}"));
+            summary.stopped.get_or_insert(format!("returning unmoved messages to the DLQ failed: {e}"));
         }
         self.audit.flush()?;
         summary.still_in_dlq = self.source.describe().await.ok().and_then(|d| d.depth);
@@ -295,9 +268,7 @@ impl Engine<'_> {
     }
 
     fn limit_reached(&self, summary: &Summary) -> bool {
-        self.options
-            .limit
-            .is_some_and(|limit| summary.selected >= limit)
+        self.options.limit.is_some_and(|limit| summary.selected >= limit)
     }
 
     fn log(
@@ -322,25 +293,13 @@ impl Engine<'_> {
 
 /// Publish every move, retrying transient failures with exponential backoff and full
 /// jitter up to `retries` more attempts; results in the order of `moves`.
-async fn publish_with_retries(
-    sink: &dyn Sink,
-    moves: &[Move],
-    retries: u32,
-) -> Vec<Result<(), PublishError>> {
-    let copies: Vec<(DeadLetter, Destination)> = moves
-        .iter()
-        .map(|m| {
-            (
-                outgoing(&m.received.letter, &m.redrive_id),
-                m.destination.clone(),
-            )
-        })
-        .collect();
+async fn publish_with_retries(sink: &dyn Sink, moves: &[Move], retries: u32) -> Vec<Result<(), PublishError>> {
+    let copies: Vec<(DeadLetter, Destination)> =
+        moves.iter().map(|m| (outgoing(&m.received.letter, &m.redrive_id), m.destination.clone())).collect();
     let mut results: Vec<Option<Result<(), PublishError>>> = vec![None; copies.len()];
     let mut pending: Vec<usize> = (0..copies.len()).collect();
     for attempt in 0..=retries {
-        let batch: Vec<(DeadLetter, Destination)> =
-            pending.iter().map(|&i| copies[i].clone()).collect();
+        let batch: Vec<(DeadLetter, Destination)> = pending.iter().map(|&i| copies[i].clone()).collect();
         let outcome = sink.publish(&batch).await;
         let mut again = Vec::new();
         for (&i, result) in pending.iter().zip(outcome) {
@@ -361,17 +320,12 @@ async fn publish_with_retries(
         tokio::time::sleep(backoff(attempt)).await;
         pending = again;
     }
-    results
-        .into_iter()
-        .map(|r| r.expect("every message has a result once retries end"))
-        .collect()
+    results.into_iter().map(|r| r.expect("every message has a result once retries end")).collect()
 }
 
 /// Full jitter: a random pause up to an exponentially growing, capped ceiling.
 fn backoff(attempt: u32) -> Duration {
-    let ceiling = FIRST_BACKOFF
-        .saturating_mul(1u32 << attempt.min(16))
-        .min(MAX_BACKOFF);
+    let ceiling = FIRST_BACKOFF.saturating_mul(1u32 << attempt.min(16)).min(MAX_BACKOFF);
     ceiling.mul_f64(fastrand::f64())
 }
 
@@ -382,9 +336,7 @@ mod tests {
     #[test]
     fn backoff_grows_to_a_cap_and_is_jittered() {
         for attempt in 0..40 {
-            let ceiling = FIRST_BACKOFF
-                .saturating_mul(1u32 << attempt.min(16))
-                .min(MAX_BACKOFF);
+            let ceiling = FIRST_BACKOFF.saturating_mul(1u32 << attempt.min(16)).min(MAX_BACKOFF);
             assert!(backoff(attempt) <= ceiling);
         }
         let samples: HashSet<Duration> = (0..20).map(|_| backoff(3)).collect();

@@ -27,11 +27,7 @@ pub const REDRIVE_COUNT_HEADER: &str = "dlqctl-redrive-count";
 /// The message's redrive id: the one it already carries from an earlier redrive, else a
 /// digest of where it sits, its id and its body (ids alone repeat in some archives).
 pub fn redrive_id(letter: &DeadLetter) -> String {
-    if let Some(id) = letter
-        .headers
-        .get(REDRIVE_ID_HEADER)
-        .and_then(Value::as_str)
-    {
+    if let Some(id) = letter.headers.get(REDRIVE_ID_HEADER).and_then(Value::as_str) {
         return id.to_owned();
     }
     let mut digest = Sha256::new();
@@ -40,10 +36,7 @@ pub fn redrive_id(letter: &DeadLetter) -> String {
     digest.update(&letter.id);
     digest.update([0]);
     digest.update(letter.body_bytes());
-    digest.finalize()[..16]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    digest.finalize()[..16].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// How many times dlqctl redrove it before.
@@ -59,8 +52,7 @@ pub fn redrive_count(letter: &DeadLetter) -> u64 {
 pub fn outgoing(letter: &DeadLetter, id: &str) -> DeadLetter {
     let mut copy = letter.clone();
     copy.headers.set(REDRIVE_ID_HEADER, id.to_owned());
-    copy.headers
-        .set(REDRIVE_COUNT_HEADER, (redrive_count(letter) + 1) as i64);
+    copy.headers.set(REDRIVE_COUNT_HEADER, (redrive_count(letter) + 1) as i64);
     copy
 }
 
@@ -68,8 +60,7 @@ pub fn outgoing(letter: &DeadLetter, id: &str) -> DeadLetter {
 /// checkpoints and plans hold message ids and operator names.
 pub fn private_file(path: &Path, append: bool) -> Result<BufWriter<File>> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| Error::io(format!("cannot create {}", dir.display()), e))?;
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("cannot create {}", dir.display()), e))?;
     }
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create(true).mode(0o600);
@@ -78,9 +69,7 @@ pub fn private_file(path: &Path, append: bool) -> Result<BufWriter<File>> {
     } else {
         options.truncate(true);
     }
-    let file = options
-        .open(path)
-        .map_err(|e| Error::io(format!("cannot create {}", path.display()), e))?;
+    let file = options.open(path).map_err(|e| Error::io(format!("cannot create {}", path.display()), e))?;
     Ok(BufWriter::new(file))
 }
 
@@ -103,12 +92,8 @@ mod tests {
 
     #[test]
     fn ids_are_stable_and_travel_with_the_copy() {
-        let letter = DeadLetter {
-            id: "m".into(),
-            dlq: Some("q".into()),
-            body: Some(b"x".to_vec()),
-            ..DeadLetter::default()
-        };
+        let letter =
+            DeadLetter { id: "m".into(), dlq: Some("q".into()), body: Some(b"x".to_vec()), ..DeadLetter::default() };
         let id = redrive_id(&letter);
         assert_eq!(id.len(), 32);
         assert_eq!(id, redrive_id(&letter.clone()));
@@ -116,23 +101,13 @@ mod tests {
         assert_eq!(redrive_id(&copy), id, "a copy that dies again keeps its id");
         assert_eq!(redrive_count(&copy), 1);
         assert_eq!(redrive_count(&outgoing(&copy, &id)), 2);
-        let other = DeadLetter {
-            body: Some(b"y".to_vec()),
-            ..letter.clone()
-        };
-        assert_ne!(
-            redrive_id(&other),
-            id,
-            "same id, other body: another message"
-        );
+        let other = DeadLetter { body: Some(b"y".to_vec()), ..letter.clone() };
+        assert_ne!(redrive_id(&other), id, "same id, other body: another message");
     }
 
     #[test]
     fn counts_from_other_clients_parse_leniently() {
-        let letter = DeadLetter {
-            headers: Headers::new().with(REDRIVE_COUNT_HEADER, "3"),
-            ..DeadLetter::default()
-        };
+        let letter = DeadLetter { headers: Headers::new().with(REDRIVE_COUNT_HEADER, "3"), ..DeadLetter::default() };
         assert_eq!(redrive_count(&letter), 3);
     }
 }

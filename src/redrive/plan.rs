@@ -46,12 +46,8 @@ pub struct Group {
 impl Plan {
     /// The distinct destinations, for the confirmation prompt.
     pub fn destinations(&self) -> Vec<&str> {
-        let mut d: Vec<&str> = self
-            .groups
-            .iter()
-            .map(|g| g.destination.as_str())
-            .filter(|d| *d != UNROUTABLE)
-            .collect();
+        let mut d: Vec<&str> =
+            self.groups.iter().map(|g| g.destination.as_str()).filter(|d| *d != UNROUTABLE).collect();
         d.dedup();
         d
     }
@@ -68,14 +64,8 @@ pub struct Request<'a> {
 }
 
 pub async fn build(req: Request<'_>) -> Result<Plan> {
-    let mut plan = Plan {
-        read_cost: req.source.capabilities().peek_cost,
-        ..Plan::default()
-    };
-    let mut out = req
-        .plan_out
-        .map(|p| PlanFile::create(p, &req))
-        .transpose()?;
+    let mut plan = Plan { read_cost: req.source.capabilities().peek_cost, ..Plan::default() };
+    let mut out = req.plan_out.map(|p| PlanFile::create(p, &req)).transpose()?;
     let mut groups: BTreeMap<(String, String), Group> = BTreeMap::new();
     let now = Utc::now();
     let mut letters = req.source.peek(None).await?;
@@ -88,18 +78,12 @@ pub async fn build(req: Request<'_>) -> Result<Plan> {
             plan.skipped += 1;
             continue;
         }
-        if req
-            .max_redrives
-            .is_some_and(|max| redrive_count(&letter) >= max)
-        {
+        if req.max_redrives.is_some_and(|max| redrive_count(&letter) >= max) {
             plan.over_max_redrives += 1;
             continue;
         }
         plan.selected += 1;
-        let destination = req
-            .fixed_destination
-            .cloned()
-            .or_else(|| req.source.source_destination(&letter));
+        let destination = req.fixed_destination.cloned().or_else(|| req.source.source_destination(&letter));
         let label = match &destination {
             Some(d) => d.label.clone(),
             None => {
@@ -116,19 +100,19 @@ pub async fn build(req: Request<'_>) -> Result<Plan> {
                 "destination": destination.as_ref().map(|d| d.label.as_str()),
             }))?;
         }
-        let group = groups
-            .entry((label.clone(), reason.clone()))
-            .or_insert_with(|| Group {
-                destination: label,
-                reason,
-                count: 0,
-                sample_ids: Vec::new(),
-            });
+        let group = groups.entry((label.clone(), reason.clone())).or_insert_with(|| Group {
+            destination: label,
+            reason,
+            count: 0,
+            sample_ids: Vec::new(),
+        });
         group.count += 1;
         if group.sample_ids.len() < SAMPLES {
             group.sample_ids.push(letter.id);
         }
     }
+    drop(letters);
+    req.source.end_read().await?;
     if let Some(out) = out {
         out.finish()?;
     }
@@ -144,10 +128,7 @@ struct PlanFile {
 
 impl PlanFile {
     fn create(path: &Path, req: &Request) -> Result<PlanFile> {
-        let mut file = PlanFile {
-            path: path.to_path_buf(),
-            out: private_file(path, false)?,
-        };
+        let mut file = PlanFile { path: path.to_path_buf(), out: private_file(path, false)? };
         file.line(&json!({
             "plan": PLAN_SCHEMA,
             "dlq": req.dlq,
@@ -160,15 +141,12 @@ impl PlanFile {
     }
 
     fn line(&mut self, value: &serde_json::Value) -> Result<()> {
-        let fail =
-            |e: std::io::Error| Error::io(format!("cannot write plan {}", self.path.display()), e);
+        let fail = |e: std::io::Error| Error::io(format!("cannot write plan {}", self.path.display()), e);
         serde_json::to_writer(&mut self.out, value).map_err(|e| fail(e.into()))?;
         self.out.write_all(b"\n").map_err(fail)
     }
 
     fn finish(mut self) -> Result<()> {
-        self.out
-            .flush()
-            .map_err(|e| Error::io(format!("cannot write plan {}", self.path.display()), e))
+        self.out.flush().map_err(|e| Error::io(format!("cannot write plan {}", self.path.display()), e))
     }
 }

@@ -69,10 +69,7 @@ const FORMS: &str = "FIELD=VALUE, FIELD!=VALUE, FIELD~REGEX, FIELD!~REGEX, age>2
 
 impl Selection {
     pub fn parse<S: AsRef<str>>(expressions: &[S]) -> Result<Selection> {
-        let predicates = expressions
-            .iter()
-            .map(|e| Predicate::parse(e.as_ref()))
-            .collect::<Result<_>>()?;
+        let predicates = expressions.iter().map(|e| Predicate::parse(e.as_ref())).collect::<Result<_>>()?;
         Ok(Selection { predicates })
     }
 
@@ -86,9 +83,7 @@ impl Selection {
         }
         // Parse a JSON body at most once per letter, and only when a predicate needs it.
         let mut body: Option<Option<serde_json::Value>> = None;
-        self.predicates
-            .iter()
-            .all(|p| p.matches(letter, now, &mut body))
+        self.predicates.iter().all(|p| p.matches(letter, now, &mut body))
     }
 }
 
@@ -96,30 +91,21 @@ impl Selection {
 impl fmt::Display for Selection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let texts: Vec<&str> = self.predicates.iter().map(|p| p.text.as_str()).collect();
-        f.write_str(&if texts.is_empty() {
-            "everything".into()
-        } else {
-            texts.join(" AND ")
-        })
+        f.write_str(&if texts.is_empty() { "everything".into() } else { texts.join(" AND ") })
     }
 }
 
 impl Predicate {
     fn parse(text: &str) -> Result<Predicate> {
         let bad = |why: &str| Error::Usage(format!("--where {text:?}: {why} (expected {FORMS})"));
-        let at = text
-            .find(['=', '!', '~', '>', '<'])
-            .ok_or_else(|| bad("no operator"))?;
+        let at = text.find(['=', '!', '~', '>', '<']).ok_or_else(|| bad("no operator"))?;
         let (name, rest) = text.split_at(at);
         let name = name.trim();
         let (op, value) = ["!=", "!~", ">=", "<=", "=", "~", ">", "<"]
             .iter()
             .find_map(|op| rest.strip_prefix(op).map(|v| (*op, v.trim())))
             .ok_or_else(|| bad("unknown operator"))?;
-        let value = value
-            .strip_prefix('"')
-            .and_then(|v| v.strip_suffix('"'))
-            .unwrap_or(value);
+        let value = value.strip_prefix('"').and_then(|v| v.strip_suffix('"')).unwrap_or(value);
         let field = match name {
             "reason" => Field::Reason,
             "exception" => Field::Exception,
@@ -130,9 +116,7 @@ impl Predicate {
             "age" => Field::Age,
             _ => match (name.strip_prefix("header."), name.strip_prefix("body.")) {
                 (Some(h), _) if !h.is_empty() => Field::Header(h.to_owned()),
-                (_, Some(b)) if !b.is_empty() => {
-                    Field::Body(b.split('.').map(str::to_owned).collect())
-                }
+                (_, Some(b)) if !b.is_empty() => Field::Body(b.split('.').map(str::to_owned).collect()),
                 _ => return Err(bad(&format!("unknown field {name:?}"))),
             },
         };
@@ -141,12 +125,8 @@ impl Predicate {
             "=" | "!=" if field == Field::Age => return Err(bad("age compares with > >= < <=")),
             "=" | "!=" => Test::Equals(value.to_owned(), op == "="),
             "~" | "!~" => Test::Matches(
-                Regex::new(value).map_err(|e| {
-                    bad(&format!(
-                        "bad regex: {}",
-                        e.to_string().lines().last().unwrap_or("")
-                    ))
-                })?,
+                Regex::new(value)
+                    .map_err(|e| bad(&format!("bad regex: {}", e.to_string().lines().last().unwrap_or(""))))?,
                 op == "~",
             ),
             _ if !numeric => return Err(bad(&format!("{op} compares only age and count"))),
@@ -156,9 +136,7 @@ impl Predicate {
                         .ok_or_else(|| bad("age takes a duration such as 90s, 30m, 2h or 7d"))?
                         .as_secs_f64()
                 } else {
-                    value
-                        .parse::<f64>()
-                        .map_err(|_| bad("count takes a number"))?
+                    value.parse::<f64>().map_err(|_| bad("count takes a number"))?
                 };
                 let ordering = match op {
                     ">" => Ordering::Greater,
@@ -169,24 +147,13 @@ impl Predicate {
                 Test::Compare(ordering, number)
             }
         };
-        Ok(Predicate {
-            text: text.to_owned(),
-            field,
-            test,
-        })
+        Ok(Predicate { text: text.to_owned(), field, test })
     }
 
-    fn matches(
-        &self,
-        letter: &DeadLetter,
-        now: DateTime<Utc>,
-        body: &mut Option<Option<serde_json::Value>>,
-    ) -> bool {
+    fn matches(&self, letter: &DeadLetter, now: DateTime<Utc>, body: &mut Option<Option<serde_json::Value>>) -> bool {
         if let Test::Compare(ordering, bound) = self.test {
             let actual = match self.field {
-                Field::Age => letter
-                    .failed_at()
-                    .map(|t| (now - t).to_std().unwrap_or(Duration::ZERO).as_secs_f64()),
+                Field::Age => letter.failed_at().map(|t| (now - t).to_std().unwrap_or(Duration::ZERO).as_secs_f64()),
                 _ => letter.failure_count.map(|n| n as f64),
             };
             return actual.is_some_and(|a| match ordering {
@@ -204,14 +171,9 @@ impl Predicate {
             Field::Id => Some(letter.id.clone()),
             Field::Count => letter.failure_count.map(|n| n.to_string()),
             Field::Age => None,
-            Field::Header(name) => letter
-                .headers
-                .get(name)
-                .or_else(|| letter.extras.get(name))
-                .map(Value::to_string),
+            Field::Header(name) => letter.headers.get(name).or_else(|| letter.extras.get(name)).map(Value::to_string),
             Field::Body(path) => {
-                let json =
-                    body.get_or_insert_with(|| serde_json::from_slice(letter.body_bytes()).ok());
+                let json = body.get_or_insert_with(|| serde_json::from_slice(letter.body_bytes()).ok());
                 json.as_ref().and_then(|j| lookup(j, path)).map(json_text)
             }
         };
@@ -235,35 +197,25 @@ pub enum ReasonFrom {
 
 impl ReasonFrom {
     pub fn parse(text: &str) -> Result<ReasonFrom> {
-        let header = text
-            .strip_prefix("header:")
-            .or_else(|| text.strip_prefix("attr:"));
+        let header = text.strip_prefix("header:").or_else(|| text.strip_prefix("attr:"));
         if let Some(name) = header.filter(|n| !n.is_empty()) {
             return Ok(ReasonFrom::Header(name.to_owned()));
         }
         if let Some(path) = text.strip_prefix("body.").filter(|p| !p.is_empty()) {
-            return Ok(ReasonFrom::Body(
-                path.split('.').map(str::to_owned).collect(),
-            ));
+            return Ok(ReasonFrom::Body(path.split('.').map(str::to_owned).collect()));
         }
-        Err(Error::Usage(format!(
-            "--reason-from {text:?}: expected header:NAME, attr:NAME or body.PATH"
-        )))
+        Err(Error::Usage(format!("--reason-from {text:?}: expected header:NAME, attr:NAME or body.PATH")))
     }
 
     /// Record the field's value as the exception class; a letter without it is unchanged.
     pub fn apply(&self, letter: &mut DeadLetter) {
         let found = match self {
-            ReasonFrom::Header(name) => letter
-                .headers
-                .get(name)
-                .or_else(|| letter.extras.get(name))
-                .map(Value::to_string),
-            ReasonFrom::Body(path) => {
-                serde_json::from_slice::<serde_json::Value>(letter.body_bytes())
-                    .ok()
-                    .and_then(|json| lookup(&json, path).map(json_text))
+            ReasonFrom::Header(name) => {
+                letter.headers.get(name).or_else(|| letter.extras.get(name)).map(Value::to_string)
             }
+            ReasonFrom::Body(path) => serde_json::from_slice::<serde_json::Value>(letter.body_bytes())
+                .ok()
+                .and_then(|json| lookup(&json, path).map(json_text)),
         };
         if let Some(class) = found {
             letter.reason.exception_class = Some(class);
@@ -290,10 +242,7 @@ fn lookup<'a>(json: &'a serde_json::Value, path: &[String]) -> Option<&'a serde_
 /// `90s`, `30m`, `2h`, `7d`; a bare number is seconds.
 pub fn parse_duration(text: &str) -> Option<Duration> {
     let text = text.trim();
-    let (number, unit) = text.split_at(
-        text.find(|c: char| !c.is_ascii_digit() && c != '.')
-            .unwrap_or(text.len()),
-    );
+    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(text.len()));
     let n: f64 = number.parse().ok()?;
     let seconds = match unit {
         "" | "s" => n,
@@ -313,10 +262,7 @@ mod tests {
     fn letter() -> DeadLetter {
         DeadLetter {
             id: "m-1".into(),
-            source: Source {
-                name: Some("orders".into()),
-                ..Source::default()
-            },
+            source: Source { name: Some("orders".into()), ..Source::default() },
             reason: Reason {
                 exception_class: Some("java.lang.IllegalStateException".into()),
                 ..Reason::new(ReasonKind::Exception)
@@ -325,10 +271,7 @@ mod tests {
             last_failed_at: Some(now() - chrono::Duration::hours(3)),
             headers: Headers::new().with("tenant", "acme").with("attempt", 2i64),
             extras: Headers::new().with("ApproximateReceiveCount", "4"),
-            body: Some(
-                br#"{"type":"refund.requested","customer":{"id":42},"items":[{"sku":"A"}]}"#
-                    .to_vec(),
-            ),
+            body: Some(br#"{"type":"refund.requested","customer":{"id":42},"items":[{"sku":"A"}]}"#.to_vec()),
             ..DeadLetter::default()
         }
     }
@@ -348,17 +291,10 @@ mod tests {
         assert!(holds(&["reason!=rejected"]));
         assert!(holds(&["exception~IllegalState"]));
         assert!(holds(&["header.tenant=acme", "header.attempt=2"]));
-        assert!(
-            holds(&["header.ApproximateReceiveCount=4"]),
-            "extras are searched after headers"
-        );
+        assert!(holds(&["header.ApproximateReceiveCount=4"]), "extras are searched after headers");
         assert!(holds(&["header.missing!=x"]));
         assert!(!holds(&["header.missing=x"]));
-        assert!(holds(&[
-            "body.customer.id=42",
-            "body.type~^refund",
-            "body.items.0.sku=A"
-        ]));
+        assert!(holds(&["body.customer.id=42", "body.type~^refund", "body.items.0.sku=A"]));
         assert!(!holds(&["body.customer.id=43"]));
         assert!(holds(&["count>=3", "count<4"]));
         assert!(holds(&["age>2h", "age<1d"]));
@@ -399,16 +335,9 @@ mod tests {
         ReasonFrom::parse("header:tenant").unwrap().apply(&mut l);
         assert_eq!(l.reason.exception_class.as_deref(), Some("acme"));
         ReasonFrom::parse("body.type").unwrap().apply(&mut l);
-        assert_eq!(
-            l.reason.exception_class.as_deref(),
-            Some("refund.requested")
-        );
+        assert_eq!(l.reason.exception_class.as_deref(), Some("refund.requested"));
         ReasonFrom::parse("attr:missing").unwrap().apply(&mut l);
-        assert_eq!(
-            l.reason.exception_class.as_deref(),
-            Some("refund.requested"),
-            "unchanged"
-        );
+        assert_eq!(l.reason.exception_class.as_deref(), Some("refund.requested"), "unchanged");
         assert!(ReasonFrom::parse("tenant").is_err());
     }
 

@@ -23,9 +23,7 @@ impl FromStr for Rate {
             .ok()
             .and_then(NonZeroU32::new)
             .map(Rate::PerSecond)
-            .ok_or_else(|| {
-                format!("{s:?} is not a rate: give messages per second (1 or more) or 'unlimited'")
-            })
+            .ok_or_else(|| format!("{s:?} is not a rate: give messages per second (1 or more) or 'unlimited'"))
     }
 }
 
@@ -45,9 +43,7 @@ pub struct Throttle {
 impl Throttle {
     pub fn new(rate: Rate) -> Self {
         let limiter = match rate {
-            Rate::PerSecond(n) => Some(RateLimiter::direct(
-                Quota::per_second(n).allow_burst(NonZeroU32::MIN),
-            )),
+            Rate::PerSecond(n) => Some(RateLimiter::direct(Quota::per_second(n).allow_burst(NonZeroU32::MIN))),
             Rate::Unlimited => None,
         };
         Throttle { limiter }
@@ -67,10 +63,7 @@ mod tests {
 
     #[test]
     fn rates_parse() {
-        assert_eq!(
-            "50".parse::<Rate>(),
-            Ok(Rate::PerSecond(NonZeroU32::new(50).unwrap()))
-        );
+        assert_eq!("50".parse::<Rate>(), Ok(Rate::PerSecond(NonZeroU32::new(50).unwrap())));
         assert_eq!("unlimited".parse::<Rate>(), Ok(Rate::Unlimited));
         assert!("0".parse::<Rate>().is_err());
         assert!("fast".parse::<Rate>().unwrap_err().contains("unlimited"));
@@ -84,10 +77,6 @@ mod tests {
             throttle.acquire().await;
         }
         // 20 intervals of 5 ms after the first token: no burst lets it finish early.
-        assert!(
-            start.elapsed() >= std::time::Duration::from_millis(95),
-            "{:?}",
-            start.elapsed()
-        );
+        assert!(start.elapsed() >= std::time::Duration::from_millis(95), "{:?}", start.elapsed());
     }
 }

@@ -15,20 +15,14 @@ struct Archive {
 
 impl Archive {
     fn new() -> Self {
-        Archive {
-            dir: tempfile::tempdir().unwrap(),
-        }
+        Archive { dir: tempfile::tempdir().unwrap() }
     }
 }
 
 #[async_trait]
 impl Fixture for Archive {
     async fn dlq_with(&self, letters: &[DeadLetter]) -> Box<dyn Broker> {
-        let path = tempfile::Builder::new()
-            .suffix(".jsonl")
-            .tempfile_in(self.dir.path())
-            .unwrap()
-            .into_temp_path();
+        let path = tempfile::Builder::new().suffix(".jsonl").tempfile_in(self.dir.path()).unwrap().into_temp_path();
         let mut text = Vec::new();
         for letter in letters {
             serde_json::to_writer(&mut text, letter).unwrap();
@@ -36,11 +30,7 @@ impl Fixture for Archive {
         }
         std::fs::write(&path, text).unwrap();
         let path = path.keep().unwrap();
-        Box::new(
-            ArchiveBroker::open(ArchiveTarget::File(path), &OpenOptions::default())
-                .await
-                .unwrap(),
-        )
+        Box::new(ArchiveBroker::open(ArchiveTarget::File(path), &OpenOptions::default()).await.unwrap())
     }
 }
 
@@ -48,9 +38,7 @@ conformance_suite!(Archive::new());
 
 #[tokio::test]
 async fn stdin_can_be_read_but_not_consumed() {
-    let stdin = ArchiveBroker::open(ArchiveTarget::Stdin, &OpenOptions::default())
-        .await
-        .unwrap();
+    let stdin = ArchiveBroker::open(ArchiveTarget::Stdin, &OpenOptions::default()).await.unwrap();
     assert!(!stdin.capabilities().consume);
     scenarios::assert_not_supported_where_not_capable(&stdin).await;
 }

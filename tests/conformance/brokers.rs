@@ -20,10 +20,7 @@ pub struct BrokerFixture {
 
 impl BrokerFixture {
     pub fn new(broker: TestBroker) -> Self {
-        BrokerFixture {
-            broker,
-            namespaces: Mutex::new(Vec::new()),
-        }
+        BrokerFixture { broker, namespaces: Mutex::new(Vec::new()) }
     }
 }
 
@@ -34,9 +31,7 @@ impl Fixture for BrokerFixture {
         let namespace = Namespace::create(self.broker, letters);
         let target = Target::parse(&namespace.target).unwrap();
         self.namespaces.lock().unwrap().push(namespace);
-        broker::open(&target, &OpenOptions::default())
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
+        broker::open(&target, &OpenOptions::default()).await.unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// What `scripts/brokers fixture` makes each broker report.

@@ -23,19 +23,12 @@ pub trait Fixture: Sync {
 /// Letters with the shapes that break naive code: binary and empty bodies, typed and
 /// repeated headers, and a spread of reasons.
 pub fn seed_letters(n: usize) -> Vec<DeadLetter> {
-    let reasons = [
-        ReasonKind::Rejected,
-        ReasonKind::Expired,
-        ReasonKind::Exception,
-    ];
+    let reasons = [ReasonKind::Rejected, ReasonKind::Expired, ReasonKind::Exception];
     (0..n)
         .map(|i| DeadLetter {
             id: format!("conf-{i}"),
             dlq: Some("conformance.dlq".into()),
-            source: Source {
-                name: Some("conformance".into()),
-                ..Source::default()
-            },
+            source: Source { name: Some("conformance".into()), ..Source::default() },
             reason: Reason::new(reasons[i % reasons.len()]),
             failure_count: Some(1),
             headers: Headers::new()
@@ -53,31 +46,16 @@ pub fn seed_letters(n: usize) -> Vec<DeadLetter> {
 }
 
 async fn all(broker: &dyn Broker) -> Vec<DeadLetter> {
-    broker
-        .peek(None)
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap()
+    broker.peek(None).await.unwrap().try_collect().await.unwrap()
 }
 
 async fn depth(broker: &dyn Broker) -> u64 {
-    broker
-        .describe()
-        .await
-        .unwrap()
-        .depth
-        .expect("depth is known")
+    broker.describe().await.unwrap().depth.expect("depth is known")
 }
 
 /// Brokers assign their own message ids, so letters are known by their `seq` header.
 fn seq(letter: &DeadLetter) -> String {
-    letter
-        .headers
-        .get("seq")
-        .map(|v| v.to_string())
-        .expect("every seeded letter has a seq header")
+    letter.headers.get("seq").map(|v| v.to_string()).expect("every seeded letter has a seq header")
 }
 
 fn seqs(letters: &[DeadLetter]) -> Vec<String> {
@@ -93,13 +71,7 @@ pub async fn describe_reports_depth(f: &impl Fixture) {
 
 pub async fn peek_returns_n_and_leaves_depth(f: &impl Fixture) {
     let broker = f.dlq_with(&seed_letters(10)).await;
-    let peeked: Vec<DeadLetter> = broker
-        .peek(Some(4))
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap();
+    let peeked: Vec<DeadLetter> = broker.peek(Some(4)).await.unwrap().try_collect().await.unwrap();
     assert_eq!(peeked.len(), 4);
     assert_eq!(depth(broker.as_ref()).await, 10);
 }
@@ -107,13 +79,9 @@ pub async fn peek_returns_n_and_leaves_depth(f: &impl Fixture) {
 pub async fn reasons_match_what_was_seeded(f: &impl Fixture) {
     let seeded = seed_letters(9);
     let broker = f.dlq_with(&seeded).await;
-    let mut expected: Vec<(String, ReasonKind)> =
-        seeded.iter().map(|l| (seq(l), f.reason_for(l))).collect();
-    let mut read: Vec<(String, ReasonKind)> = all(broker.as_ref())
-        .await
-        .iter()
-        .map(|l| (seq(l), l.reason.kind))
-        .collect();
+    let mut expected: Vec<(String, ReasonKind)> = seeded.iter().map(|l| (seq(l), f.reason_for(l))).collect();
+    let mut read: Vec<(String, ReasonKind)> =
+        all(broker.as_ref()).await.iter().map(|l| (seq(l), l.reason.kind)).collect();
     expected.sort();
     read.sort();
     assert_eq!(read, expected);
@@ -128,11 +96,8 @@ pub async fn export_round_trip_is_lossless(f: &impl Fixture) {
         serde_json::to_writer(&mut archive, letter).unwrap();
         archive.push(b'\n');
     }
-    let back: Vec<DeadLetter> = archive
-        .split(|b| *b == b'\n')
-        .filter(|l| !l.is_empty())
-        .map(|l| serde_json::from_slice(l).unwrap())
-        .collect();
+    let back: Vec<DeadLetter> =
+        archive.split(|b| *b == b'\n').filter(|l| !l.is_empty()).map(|l| serde_json::from_slice(l).unwrap()).collect();
     assert_eq!(back, read);
     let bin = read[0].headers.get("bin").expect("binary header kept");
     assert!(matches!(bin, Value::Bytes(_) | Value::String(_)), "{bin:?}");
@@ -143,8 +108,7 @@ pub async fn settle_removes_exactly_the_settled(f: &impl Fixture) {
     let broker = f.dlq_with(&seeded).await;
     let batch = broker.receive(4).await.unwrap();
     assert_eq!(batch.len(), 4);
-    let (settle, keep): (Vec<_>, Vec<_>) =
-        batch.into_iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    let (settle, keep): (Vec<_>, Vec<_>) = batch.into_iter().enumerate().partition(|(i, _)| i % 2 == 0);
     let settle_handles: Vec<Handle> = settle.iter().map(|(_, r)| r.handle).collect();
     broker.settle(&settle_handles).await.unwrap();
     let keep_handles: Vec<Handle> = keep.iter().map(|(_, r)| r.handle).collect();
@@ -152,11 +116,7 @@ pub async fn settle_removes_exactly_the_settled(f: &impl Fixture) {
 
     let remaining = seqs(&all(broker.as_ref()).await);
     let settled: Vec<String> = settle.iter().map(|(_, r)| seq(&r.letter)).collect();
-    let mut expected: Vec<String> = seeded
-        .iter()
-        .map(seq)
-        .filter(|s| !settled.contains(s))
-        .collect();
+    let mut expected: Vec<String> = seeded.iter().map(seq).filter(|s| !settled.contains(s)).collect();
     expected.sort();
     assert_eq!(remaining, expected);
 
@@ -166,10 +126,7 @@ pub async fn settle_removes_exactly_the_settled(f: &impl Fixture) {
     broker.settle(&[last.handle]).await.unwrap();
     let rest: Vec<Handle> = rest.iter().map(|r| r.handle).collect();
     broker.release(&rest).await.unwrap();
-    assert_eq!(
-        depth(broker.as_ref()).await,
-        (seeded.len() - settled.len() - 1) as u64
-    );
+    assert_eq!(depth(broker.as_ref()).await, (seeded.len() - settled.len() - 1) as u64);
 }
 
 pub async fn release_leaves_them(f: &impl Fixture) {
@@ -188,15 +145,8 @@ pub async fn unsupported_is_not_supported(f: &impl Fixture) {
 pub async fn assert_not_supported_where_not_capable(broker: &dyn Broker) {
     let caps = broker.capabilities();
     if !caps.consume {
-        for result in [
-            broker.receive(1).await.map(|_| ()),
-            broker.settle(&[]).await,
-            broker.release(&[]).await,
-        ] {
-            assert!(
-                matches!(result, Err(Error::NotSupported { .. })),
-                "{result:?}"
-            );
+        for result in [broker.receive(1).await.map(|_| ()), broker.settle(&[]).await, broker.release(&[]).await] {
+            assert!(matches!(result, Err(Error::NotSupported { .. })), "{result:?}");
         }
     }
 }

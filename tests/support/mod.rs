@@ -32,10 +32,7 @@ impl TestBroker {
             TestBroker::Sqs => ("DLQCTL_LOCALSTACK_PORT", 4566),
             TestBroker::Kafka => ("DLQCTL_KAFKA_PORT", 9092),
         };
-        let port = std::env::var(var)
-            .ok()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(default);
+        let port = std::env::var(var).ok().and_then(|p| p.parse().ok()).unwrap_or(default);
         SocketAddr::from(([127, 0, 0, 1], port))
     }
 }
@@ -44,39 +41,23 @@ impl TestBroker {
 /// otherwise the calling test fails with a message that says how to start it.
 pub fn require(broker: TestBroker) -> Option<SocketAddr> {
     let env_is = |name: &str, value: &str| std::env::var(name).is_ok_and(|v| v == value);
-    decide(
-        broker,
-        reachable(broker.addr()),
-        env_is("CI", "true"),
-        env_is("DLQCTL_SKIP_BROKERS", "1"),
-    )
+    decide(broker, reachable(broker.addr()), env_is("CI", "true"), env_is("DLQCTL_SKIP_BROKERS", "1"))
 }
 
 fn reachable(addr: SocketAddr) -> bool {
     TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_ok()
 }
 
-pub fn decide(
-    broker: TestBroker,
-    reachable: bool,
-    ci: bool,
-    skip_allowed: bool,
-) -> Option<SocketAddr> {
+pub fn decide(broker: TestBroker, reachable: bool, ci: bool, skip_allowed: bool) -> Option<SocketAddr> {
     let addr = broker.addr();
     if reachable {
         return Some(addr);
     }
     if ci {
-        panic!(
-            "{} is not reachable at {addr} and CI=true: scripts/brokers up must run first",
-            broker.name()
-        );
+        panic!("{} is not reachable at {addr} and CI=true: scripts/brokers up must run first", broker.name());
     }
     if skip_allowed {
-        eprintln!(
-            "SKIPPED: {} is not reachable at {addr} (DLQCTL_SKIP_BROKERS=1)",
-            broker.name()
-        );
+        eprintln!("SKIPPED: {} is not reachable at {addr} (DLQCTL_SKIP_BROKERS=1)", broker.name());
         return None;
     }
     panic!(
@@ -90,8 +71,7 @@ pub fn seed_counts() -> serde_json::Value {
     let dir = std::env::var("DLQCTL_BROKERS_DIR")
         .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/target/brokers").to_owned());
     let path = format!("{dir}/seed.json");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{path}: {e}: run scripts/brokers seed"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}: run scripts/brokers seed"));
     serde_json::from_str(&text).unwrap()
 }
 
@@ -122,22 +102,14 @@ impl Namespace {
 
     /// A namespace made by one of `scripts/brokers fixture`'s kinds for `broker`
     /// (`rabbitmq-story`, `rabbitmq-exchange`, ...).
-    pub fn create_kind(
-        broker: TestBroker,
-        kind: &str,
-        letters: &[dlqctl::model::DeadLetter],
-    ) -> Namespace {
+    pub fn create_kind(broker: TestBroker, kind: &str, letters: &[dlqctl::model::DeadLetter]) -> Namespace {
         use std::io::Write;
         use std::process::{Command, Stdio};
         use std::sync::atomic::{AtomicU32, Ordering};
 
         static NEXT: AtomicU32 = AtomicU32::new(0);
         // Unique across parallel tests and runs, and valid as a vhost, SQS name and topic.
-        let name = format!(
-            "dlqctl-t{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
+        let name = format!("dlqctl-t{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
         let mut child = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/brokers"))
             .args(["fixture", kind, &name])
             .stdin(Stdio::piped())
@@ -151,16 +123,9 @@ impl Namespace {
         }
         child.stdin.take().unwrap().write_all(&input).unwrap();
         let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "scripts/brokers fixture {kind} {name} failed"
-        );
+        assert!(out.status.success(), "scripts/brokers fixture {kind} {name} failed");
         let target = String::from_utf8(out.stdout).unwrap().trim().to_owned();
-        Namespace {
-            broker,
-            name,
-            target,
-        }
+        Namespace { broker, name, target }
     }
 }
 

@@ -11,15 +11,67 @@ use comfy_table::Color;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::Context;
-use crate::broker::{self, Destination, Sink};
-use crate::cli::RedriveArgs;
+use crate::broker::{self, Broker, Destination, MoveTask, Sink};
+use crate::cli::{Mode, RedriveArgs};
 use crate::error::{Error, Result};
 use crate::redrive::audit::{AuditLog, RunInfo};
 use crate::redrive::checkpoint::Checkpoint;
 use crate::redrive::default_runs_dir;
+
+mod server_move;
 use crate::redrive::engine::{Engine, Options, Summary};
 use crate::redrive::plan::{self, Plan};
 use crate::redrive::select::Selection;
+
+/// Whether this redrive is the broker's own server-side move, and why; an error when
+/// `--mode server` was asked for something only a client-side move can do.
+fn server_path(args: &RedriveArgs, selection: &Selection, source: &dyn Broker) -> Result<Option<String>> {
+    let needs_client = [
+        (!selection.is_everything(), "--where"),
+        (args.to.is_some(), "--to"),
+        (args.limit.is_some(), "--limit"),
+        (args.max_redrives.is_some(), "--max-redrives"),
+        (args.resume.is_some(), "--resume"),
+    ]
+    .into_iter()
+    .filter_map(|(used, flag)| used.then_some(flag))
+    .collect::<Vec<_>>();
+    let capable = source.capabilities().server_move;
+    match args.mode {
+        Mode::Client => Ok(None),
+        Mode::Server if !capable => {
+            Err(Error::Usage(format!("{} has no server-side move: use --mode client (or auto)", source.backend())))
+        }
+        Mode::Server if !needs_client.is_empty() => Err(Error::Usage(format!(
+            "a server-side move takes everything back to its source; {} need(s) --mode client",
+            needs_client.join(", ")
+        ))),
+        Mode::Server => Ok(Some("asked for with --mode server".into())),
+        Mode::Auto if capable && needs_client.is_empty() => {
+            Ok(Some("nothing is filtered and every message goes back to its source".into()))
+        }
+        Mode::Auto => Ok(None),
+    }
+}
+
+fn print_move_task(ctx: &mut Context, dlq: &str, task: Option<&MoveTask>, cancelled: bool) -> Result<()> {
+    if ctx.out.is_json() {
+        return ctx.out.json_line(&serde_json::json!({"dlq": dlq, "move_task": task, "cancelled": cancelled}));
+    }
+    let Some(task) = task else {
+        ctx.out.note(&format!("no server-side move task has run on {dlq}"));
+        return Ok(());
+    };
+    let mut table = ctx.out.table(&["status", "moved", "to move", "failure", "task"]);
+    table.add_row(vec![
+        if cancelled { "CANCELLING".to_owned() } else { task.status.clone() },
+        task.moved.to_string(),
+        task.to_move.map_or("?".into(), |n| n.to_string()),
+        task.failure.clone().unwrap_or_else(|| "-".into()),
+        task.handle.clone().unwrap_or_default(),
+    ]);
+    ctx.out.print_table(&mut table)
+}
 
 /// Moved messages seen again in the DLQ before the run stops.
 const MAX_RETURNS: u64 = 5;
@@ -30,21 +82,17 @@ pub async fn run(ctx: &mut Context, args: &RedriveArgs) -> Result<()> {
     let selection = Selection::parse(&args.read.filters)?;
     let (target, source) = ctx.open(&args.read).await?;
     let dlq = target.to_string();
-    let to = args
-        .to
-        .as_deref()
-        .map(|t| ctx.config.resolve(t))
-        .transpose()?;
-    let fixed_destination: Option<Destination> =
-        to.as_ref().map(broker::sink_destination).transpose()?;
-
-    let needs_prompt = !args.yes && !args.dry_run;
-    if needs_prompt && !(std::io::stdin().is_terminal() && std::io::stderr().is_terminal()) {
-        return Err(Error::Usage(format!(
-            "refusing to redrive {dlq} without confirmation, and there is no terminal to ask on: \
-             run with --dry-run to see the plan, then with --yes"
-        )));
+    if args.status || args.cancel {
+        let task = if args.cancel { Some(source.cancel_move_task().await?) } else { source.move_task().await? };
+        return print_move_task(ctx, &dlq, task.as_ref(), args.cancel);
     }
+    if let Some(why) = server_path(args, &selection, source.as_ref())? {
+        return server_move::run(ctx, args, source.as_ref(), &dlq, &why).await;
+    }
+    let to = args.to.as_deref().map(|t| ctx.config.resolve(t)).transpose()?;
+    let fixed_destination: Option<Destination> = to.as_ref().map(broker::sink_destination).transpose()?;
+
+    let needs_prompt = needs_prompt(args, &dlq)?;
     // What the progress bar counts towards: the plan's count when there is one.
     let mut expected = args.limit;
     if args.dry_run || needs_prompt || args.plan_out.is_some() {
@@ -61,39 +109,24 @@ pub async fn run(ctx: &mut Context, args: &RedriveArgs) -> Result<()> {
         if args.dry_run {
             print_plan(ctx, &dlq, &selection, &plan)?;
             if let Some(cost) = plan.read_cost {
-                ctx.out
-                    .note(&format!("planning read every message: {cost}"));
+                ctx.out.note(&format!("planning read every message: {cost}"));
             }
             return Ok(());
         }
         expected = Some(plan.selected - plan.unroutable);
         if needs_prompt && !confirm(ctx, &dlq, &plan)? {
-            return Err(Error::Finished {
-                code: 1,
-                message: "redrive cancelled: nothing was moved".into(),
-            });
+            return Err(cancelled());
         }
     }
 
-    let run_id = format!(
-        "redrive-{}-{}",
-        Utc::now().format("%Y%m%dT%H%M%SZ"),
-        std::process::id()
-    );
+    let run_id = format!("redrive-{}-{}", Utc::now().format("%Y%m%dT%H%M%SZ"), std::process::id());
     let runs = default_runs_dir();
     let to_label = fixed_destination.as_ref().map(|d| d.label.as_str());
     let mut checkpoint = match &args.resume {
         Some(path) => Checkpoint::resume(path, &dlq, to_label)?,
-        None => Checkpoint::create(
-            &runs.join(format!("{run_id}.checkpoint.jsonl")),
-            &dlq,
-            to_label,
-        )?,
+        None => Checkpoint::create(&runs.join(format!("{run_id}.checkpoint.jsonl")), &dlq, to_label)?,
     };
-    let audit_path = args
-        .audit_log
-        .clone()
-        .unwrap_or_else(|| runs.join(format!("{run_id}.audit.jsonl")));
+    let audit_path = args.audit_log.clone().unwrap_or_else(|| runs.join(format!("{run_id}.audit.jsonl")));
     let selection_text = selection.to_string();
     let mut audit = AuditLog::create(
         &audit_path,
@@ -102,7 +135,7 @@ pub async fn run(ctx: &mut Context, args: &RedriveArgs) -> Result<()> {
             to: to_label,
             selection: &selection_text,
             note: args.note.as_deref(),
-            checkpoint: checkpoint.path(),
+            checkpoint: Some(checkpoint.path()),
         },
     )?;
     let owned_sink: Option<Box<dyn Sink>> = match &to {
@@ -110,11 +143,7 @@ pub async fn run(ctx: &mut Context, args: &RedriveArgs) -> Result<()> {
         None => None,
     };
     let sink: Option<&dyn Sink> = owned_sink.as_deref().or_else(|| source.source_sink());
-    ctx.out.note(&format!(
-        "audit log {}; checkpoint {}",
-        audit.path().display(),
-        checkpoint.path().display()
-    ));
+    ctx.out.note(&format!("audit log {}; checkpoint {}", audit.path().display(), checkpoint.path().display()));
 
     let interrupted = Arc::new(AtomicBool::new(false));
     watch_signals(interrupted.clone());
@@ -147,23 +176,42 @@ pub async fn run(ctx: &mut Context, args: &RedriveArgs) -> Result<()> {
     verdict(&summary, &audit, &checkpoint)
 }
 
-fn confirm(ctx: &Context, dlq: &str, plan: &Plan) -> Result<bool> {
-    if plan.selected == 0 {
-        ctx.out
-            .note(&format!("nothing in {dlq} matches: nothing to redrive"));
-        return Ok(false);
+/// Whether to ask before moving; a refusal when asking is needed and there is no terminal.
+fn needs_prompt(args: &RedriveArgs, dlq: &str) -> Result<bool> {
+    let needed = !args.yes && !args.dry_run;
+    if needed && !(std::io::stdin().is_terminal() && std::io::stderr().is_terminal()) {
+        return Err(Error::Usage(format!(
+            "refusing to redrive {dlq} without confirmation, and there is no terminal to ask on: \
+             run with --dry-run to see the plan, then with --yes"
+        )));
     }
-    eprintln!("{}", plan_lines(plan));
-    let question = format!(
-        "Redrive {} message(s) from {dlq} to {}?",
-        plan.selected - plan.unroutable,
-        plan.destinations().join(", ")
-    );
+    Ok(needed)
+}
+
+/// Ask on the terminal; the default is no.
+fn ask(question: String) -> Result<bool> {
     dialoguer::Confirm::new()
         .with_prompt(question)
         .default(false)
         .interact()
         .map_err(|e| Error::Runtime(format!("cannot ask for confirmation: {e}")))
+}
+
+fn cancelled() -> Error {
+    Error::Finished { code: 1, message: "redrive cancelled: nothing was moved".into() }
+}
+
+fn confirm(ctx: &Context, dlq: &str, plan: &Plan) -> Result<bool> {
+    if plan.selected == 0 {
+        ctx.out.note(&format!("nothing in {dlq} matches: nothing to redrive"));
+        return Ok(false);
+    }
+    eprintln!("{}", plan_lines(plan));
+    ask(format!(
+        "Redrive {} message(s) from {dlq} to {}?",
+        plan.selected - plan.unroutable,
+        plan.destinations().join(", ")
+    ))
 }
 
 fn plan_lines(plan: &Plan) -> String {
@@ -172,32 +220,19 @@ fn plan_lines(plan: &Plan) -> String {
         plan.scanned, plan.selected, plan.skipped, plan.over_max_redrives, plan.unroutable
     )];
     for g in &plan.groups {
-        lines.push(format!(
-            "  {} <- {} x{} (e.g. {})",
-            g.destination,
-            g.reason,
-            g.count,
-            g.sample_ids.join(", ")
-        ));
+        lines.push(format!("  {} <- {} x{} (e.g. {})", g.destination, g.reason, g.count, g.sample_ids.join(", ")));
     }
     lines.join("\n")
 }
 
 fn print_plan(ctx: &mut Context, dlq: &str, selection: &Selection, plan: &Plan) -> Result<()> {
     if ctx.out.is_json() {
-        let report =
-            serde_json::json!({"dlq": dlq, "selection": selection.to_string(), "plan": plan});
+        let report = serde_json::json!({"dlq": dlq, "selection": selection.to_string(), "plan": plan});
         return ctx.out.json_line(&report);
     }
-    let mut table = ctx
-        .out
-        .table(&["destination", "reason", "count", "sample ids"]);
+    let mut table = ctx.out.table(&["destination", "reason", "count", "sample ids"]);
     for g in &plan.groups {
-        let color = if g.destination == plan::UNROUTABLE {
-            Color::Red
-        } else {
-            Color::Green
-        };
+        let color = if g.destination == plan::UNROUTABLE { Color::Red } else { Color::Green };
         table.add_row(vec![
             ctx.out.colored(&g.destination, color),
             g.reason.clone().into(),
@@ -218,36 +253,16 @@ fn print_plan(ctx: &mut Context, dlq: &str, selection: &Selection, plan: &Plan) 
 
 fn print_summary(ctx: &mut Context, dlq: &str, s: &Summary) -> Result<()> {
     if ctx.out.is_json() {
-        return ctx
-            .out
-            .json_line(&serde_json::json!({"dlq": dlq, "summary": s}));
+        return ctx.out.json_line(&serde_json::json!({"dlq": dlq, "summary": s}));
     }
-    let mut table = ctx.out.table(&[
-        "selected",
-        "moved",
-        "skipped",
-        "failed",
-        "no source",
-        "not settled",
-        "still in dlq",
-    ]);
-    let moved_color = if s.is_clean() {
-        Color::Green
-    } else {
-        Color::Yellow
-    };
+    let mut table =
+        ctx.out.table(&["selected", "moved", "skipped", "failed", "no source", "not settled", "still in dlq"]);
+    let moved_color = if s.is_clean() { Color::Green } else { Color::Yellow };
     table.add_row(vec![
         s.selected.to_string().into(),
         ctx.out.colored(s.moved, moved_color),
         (s.skipped + s.over_max_redrives).to_string().into(),
-        ctx.out.colored(
-            s.failed,
-            if s.failed > 0 {
-                Color::Red
-            } else {
-                Color::Reset
-            },
-        ),
+        ctx.out.colored(s.failed, if s.failed > 0 { Color::Red } else { Color::Reset }),
         s.unroutable.to_string().into(),
         s.not_settled.to_string().into(),
         s.still_in_dlq.map_or("?".into(), |n| n.to_string()).into(),
@@ -262,10 +277,7 @@ fn verdict(s: &Summary, audit: &AuditLog, checkpoint: &Checkpoint) -> Result<()>
     if s.interrupted {
         return Err(Error::Finished {
             code: 130,
-            message: format!(
-                "interrupted after moving {}; nothing was lost; continue with {resume}",
-                s.moved
-            ),
+            message: format!("interrupted after moving {}; nothing was lost; continue with {resume}", s.moved),
         });
     }
     if let Some(why) = &s.stopped {
@@ -296,8 +308,7 @@ fn verdict(s: &Summary, audit: &AuditLog, checkpoint: &Checkpoint) -> Result<()>
 /// (nothing is lost: unsettled messages are still in the DLQ).
 fn watch_signals(interrupted: Arc<AtomicBool>) {
     tokio::spawn(async move {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
         for _ in 0..2 {
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
@@ -328,19 +339,12 @@ impl Progress {
             };
             bar.set_draw_target(ProgressDrawTarget::stderr());
             bar.set_style(
-                ProgressStyle::with_template(
-                    "{spinner} {wide_bar} {pos} moved  {per_sec}  eta {eta}  {msg}",
-                )
-                .expect("valid template"),
+                ProgressStyle::with_template("{spinner} {wide_bar} {pos} moved  {per_sec}  eta {eta}  {msg}")
+                    .expect("valid template"),
             );
             bar
         });
-        Progress {
-            bar,
-            quiet,
-            started: Instant::now(),
-            last_line: std::cell::Cell::new(Instant::now()),
-        }
+        Progress { bar, quiet, started: Instant::now(), last_line: std::cell::Cell::new(Instant::now()) }
     }
 
     fn update(&self, s: &Summary) {
@@ -350,10 +354,7 @@ impl Progress {
         } else if !self.quiet && self.last_line.get().elapsed() >= STATUS_EVERY {
             self.last_line.set(Instant::now());
             let rate = s.moved as f64 / self.started.elapsed().as_secs_f64().max(0.001);
-            eprintln!(
-                "dlqctl: redrive: {} moved, {} failed, {} skipped ({rate:.1}/s)",
-                s.moved, s.failed, s.skipped
-            );
+            eprintln!("dlqctl: redrive: {} moved, {} failed, {} skipped ({rate:.1}/s)", s.moved, s.failed, s.skipped);
         }
     }
 
