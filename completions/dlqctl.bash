@@ -313,7 +313,7 @@ _dlqctl() {
             return 0
             ;;
         dlqctl__subcmd__redrive)
-            opts="-y -o -q -h --where --skip-invalid --reason-from --force --to --limit --rate --batch --dry-run --plan-out --yes --note --audit-log --resume --max-redrives --retries --max-consecutive-failures --output --color --config --quiet --help"
+            opts="-y -o -q -h --where --skip-invalid --reason-from --force --to --limit --rate --batch --dry-run --plan-out --yes --note --audit-log --resume --max-redrives --retries --mode --status --cancel --max-consecutive-failures --output --color --config --quiet --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -365,6 +365,10 @@ _dlqctl() {
                     ;;
                 --retries)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mode)
+                    COMPREPLY=($(compgen -W "auto server client" -- "${cur}"))
                     return 0
                     ;;
                 --max-consecutive-failures)

@@ -106,6 +106,9 @@ complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l audit-log -d '
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l resume -d 'Continue an interrupted run from its checkpoint, without publishing again what it already had confirmed' -r -F
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l max-redrives -d 'Skip messages dlqctl has already redriven N times (loop guard)' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l retries -d 'Retries of a transient publish failure, with exponential backoff and jitter' -r
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l mode -d 'How to move: the broker\'s own server-side move (SQS move task: everything back to its source), a client-side move by dlqctl (needed for --where, --to, --limit, --max-redrives), or whichever fits' -r -f -a "auto\t'Server-side when nothing is filtered and everything goes back to its source'
+server\t''
+client\t''"
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l max-consecutive-failures -d 'Stop after N messages in a row could not be delivered (the destination looks down or gone)' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -s o -l output -d 'Output format' -r -f -a "table\t'Aligned columns for a terminal'
 json\t'Stable JSON: one object for reports, one line per message for streams'"
@@ -117,6 +120,8 @@ complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l skip-invalid -
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l force -d 'Read even where reading can dead-letter messages again (a RabbitMQ quorum DLQ with a delivery limit counts every read as a delivery)'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l dry-run -d 'Print what would move, and change nothing beyond what reading costs'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -s y -l yes -d 'Do not ask for confirmation (required when there is no terminal to ask on)'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l status -d 'Show the DLQ\'s server-side move task and its progress, then exit'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l cancel -d 'Cancel the DLQ\'s running server-side move task, then exit'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -s q -l quiet -d 'Print no notes on stderr, only errors'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand help; and not __fish_seen_subcommand_from list peek summarize export redrive help" -f -a "list" -d 'Discover DLQs and the queues that feed them (for an archive: its one-line description)'

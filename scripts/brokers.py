@@ -500,12 +500,15 @@ def fixture_rabbitmq(namespace, letters, exchange=""):
     return "rabbitmq://guest:guest@127.0.0.1:%d/%s/dlq" % (RABBITMQ_PORT, quote)
 
 
-def fixture_sqs(namespace, letters):
+def fixture_sqs(namespace, letters, fifo=False):
+    """Letters dead-lettered for real from `NS-src` into `NS-dlq` (maxReceiveCount 1); with
+    `fifo`, a FIFO pair, each letter in the message group named by its `group` header."""
     sqs = aws("sqs")
-    dlq = sqs.create_queue(QueueName=namespace + "-dlq")["QueueUrl"]
+    suffix, attrs = (".fifo", {"FifoQueue": "true"}) if fifo else ("", {})
+    dlq = sqs.create_queue(QueueName=namespace + "-dlq" + suffix, Attributes=attrs)["QueueUrl"]
     dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    src = sqs.create_queue(QueueName=namespace + "-src", Attributes={
-        "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 1})})["QueueUrl"]
+    src = sqs.create_queue(QueueName=namespace + "-src" + suffix, Attributes=dict(attrs, RedrivePolicy=json.dumps(
+        {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 1})))["QueueUrl"]
     for seq, body, headers in letters:
         # SQS bodies are non-empty text: an SQS DLQ never holds an empty or binary body.
         try:
@@ -515,15 +518,16 @@ def fixture_sqs(namespace, letters):
         attributes = {k: {"DataType": "Binary", "BinaryValue": v} if isinstance(v, bytes) else
                       {"DataType": "Number" if isinstance(v, int) else "String", "StringValue": str(v)}
                       for k, v in headers.items()}
-        sqs.send_message(QueueUrl=src, MessageBody=text, MessageAttributes=attributes)
+        extra = {"MessageGroupId": str(headers.get("group", "g")), "MessageDeduplicationId": str(seq)} if fifo else {}
+        sqs.send_message(QueueUrl=src, MessageBody=text, MessageAttributes=attributes, **extra)
 
     def moved():
         sqs.receive_message(QueueUrl=src, MaxNumberOfMessages=10, VisibilityTimeout=0, WaitTimeSeconds=0)
         a = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["ApproximateNumberOfMessages"])
         return int(a["Attributes"]["ApproximateNumberOfMessages"]) == len(letters)
 
-    wait_for("SQS to dead-letter %d messages" % len(letters), moved)
-    return "sqs://%s-dlq?endpoint=%s&region=us-east-1" % (namespace, LOCALSTACK)
+    wait_for("SQS to dead-letter %d messages" % len(letters), moved, timeout=120)
+    return "sqs://%s-dlq%s?endpoint=%s&region=us-east-1" % (namespace, suffix, LOCALSTACK)
 
 
 def fixture_kafka(namespace, letters):
@@ -550,7 +554,7 @@ def fixture_kafka(namespace, letters):
 def drop_namespace(broker, namespace):
     if broker.startswith("rabbitmq"):
         management("DELETE", "/api/vhosts/" + urllib.parse.quote(namespace, safe=""))
-    elif broker == "sqs":
+    elif broker.startswith("sqs"):
         sqs = aws("sqs")
         for url in sqs.list_queues(QueueNamePrefix=namespace).get("QueueUrls", []):
             sqs.delete_queue(QueueUrl=url)
@@ -572,6 +576,7 @@ FIXTURES = {
     # The whole seeded RabbitMQ story in a vhost of its own, for tests that change it.
     "rabbitmq-story": fixture_rabbitmq_story,
     "sqs": fixture_sqs,
+    "sqs-fifo": lambda ns, letters: fixture_sqs(ns, letters, fifo=True),
     "kafka": fixture_kafka,
 }
 
@@ -581,7 +586,7 @@ FIXTURES = {
 def check(broker):
     if broker == "rabbitmq":
         rabbitmq_connection().close()
-    elif broker == "sqs":
+    elif broker.startswith("sqs"):
         aws("sqs").list_queues()
     elif broker == "kafka":
         kafka_admin().list_topics(timeout=5)

@@ -782,6 +782,13 @@ impl Broker for SqsBroker {
                  (SQS does not guarantee a complete scan)"
             ));
         }
+        if self.queue_url.get().is_some_and(|u| u.ends_with(".fifo")) && approximate > read {
+            notes.push(
+                "FIFO queue: while a read holds a group's messages SQS hands out no more of that group, \
+                 so a read sees only the first messages of each group"
+                    .into(),
+            );
+        }
         if onward {
             notes.push("this DLQ has a RedrivePolicy of its own: reading it raises receive counts toward moving messages onward".into());
         }

@@ -72,13 +72,14 @@ impl GroupBy {
 
 pub async fn run(ctx: &mut Context, args: &SummarizeArgs) -> Result<()> {
     let (target, broker) = ctx.open(&args.read).await?;
-    if let Some(cost) = broker.capabilities().peek_cost {
-        ctx.out.note(cost);
-    }
     let now = Utc::now();
     let mut groups: HashMap<String, Group> = HashMap::new();
     let mut total = 0u64;
     let mut letters = ctx.letters(broker.as_ref(), &args.read, None).await?;
+    // Said once the DLQ is known to exist, so a typo gets only its error.
+    if let Some(cost) = broker.capabilities().peek_cost {
+        ctx.out.note(cost);
+    }
     while let Some(letter) = letters.try_next().await? {
         total += 1;
         let key = args.by.key(&letter, now);

@@ -20,6 +20,9 @@ pub struct BrokerFixture {
 
 impl BrokerFixture {
     pub fn new(broker: TestBroker) -> Self {
+        if broker == TestBroker::Sqs {
+            crate::support::localstack_env();
+        }
         BrokerFixture { broker, namespaces: Mutex::new(Vec::new()) }
     }
 }

@@ -41,3 +41,10 @@ mod rabbitmq {
 
     conformance_suite!(BrokerFixture::new(TestBroker::Rabbitmq));
 }
+
+mod sqs {
+    use crate::brokers::BrokerFixture;
+    use crate::support::TestBroker;
+
+    conformance_suite!(BrokerFixture::new(TestBroker::Sqs));
+}

@@ -37,6 +37,25 @@ impl TestBroker {
     }
 }
 
+/// Point the AWS SDK at LocalStack with its fake credentials, unless the environment already
+/// says otherwise. Test processes only; the real binary never invents credentials.
+pub fn localstack_env() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        for (name, value) in [
+            ("AWS_ACCESS_KEY_ID", "test"),
+            ("AWS_SECRET_ACCESS_KEY", "test"),
+            ("AWS_REGION", "us-east-1"),
+            ("AWS_ENDPOINT_URL", "http://127.0.0.1:4566"),
+        ] {
+            if std::env::var_os(name).is_none() {
+                // SAFETY: called once, before any SQS client of this test process reads them.
+                unsafe { std::env::set_var(name, value) };
+            }
+        }
+    });
+}
+
 /// The broker's address if it answers; `None` (skip) only outside CI with DLQCTL_SKIP_BROKERS=1;
 /// otherwise the calling test fails with a message that says how to start it.
 pub fn require(broker: TestBroker) -> Option<SocketAddr> {

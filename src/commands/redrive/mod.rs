@@ -23,9 +23,9 @@ use crate::redrive::engine::{Engine, Options, Summary};
 use crate::redrive::plan::{self, Plan};
 use crate::redrive::select::Selection;
 
-/// Whether this redrive is the broker's own server-side move, and why; an error when
-/// `--mode server` was asked for something only a client-side move can do.
-fn server_path(args: &RedriveArgs, selection: &Selection, source: &dyn Broker) -> Result<Option<String>> {
+/// Whether this redrive is the broker's own server-side move, and why (either way); an error
+/// when `--mode server` was asked for something only a client-side move can do.
+fn server_path(args: &RedriveArgs, selection: &Selection, source: &dyn Broker) -> Result<(bool, String)> {
     let needs_client = [
         (!selection.is_everything(), "--where"),
         (args.to.is_some(), "--to"),
@@ -38,7 +38,7 @@ fn server_path(args: &RedriveArgs, selection: &Selection, source: &dyn Broker) -
     .collect::<Vec<_>>();
     let capable = source.capabilities().server_move;
     match args.mode {
-        Mode::Client => Ok(None),
+        Mode::Client => Ok((false, "asked for with --mode client".into())),
         Mode::Server if !capable => {
             Err(Error::Usage(format!("{} has no server-side move: use --mode client (or auto)", source.backend())))
         }
@@ -46,11 +46,12 @@ fn server_path(args: &RedriveArgs, selection: &Selection, source: &dyn Broker) -
             "a server-side move takes everything back to its source; {} need(s) --mode client",
             needs_client.join(", ")
         ))),
-        Mode::Server => Ok(Some("asked for with --mode server".into())),
-        Mode::Auto if capable && needs_client.is_empty() => {
-            Ok(Some("nothing is filtered and every message goes back to its source".into()))
+        Mode::Server => Ok((true, "asked for with --mode server".into())),
+        Mode::Auto if !capable => Ok((false, "the broker has no server-side move".into())),
+        Mode::Auto if needs_client.is_empty() => {
+            Ok((true, "nothing is filtered and every message goes back to its source".into()))
         }
-        Mode::Auto => Ok(None),
+        Mode::Auto => Ok((false, format!("{} need(s) it", needs_client.join(", ")))),
     }
 }
 
@@ -86,8 +87,12 @@ pub async fn run(ctx: &mut Context, args: &RedriveArgs) -> Result<()> {
         let task = if args.cancel { Some(source.cancel_move_task().await?) } else { source.move_task().await? };
         return print_move_task(ctx, &dlq, task.as_ref(), args.cancel);
     }
-    if let Some(why) = server_path(args, &selection, source.as_ref())? {
+    let (server, why) = server_path(args, &selection, source.as_ref())?;
+    if server {
         return server_move::run(ctx, args, source.as_ref(), &dlq, &why).await;
+    }
+    if source.capabilities().server_move {
+        ctx.out.note(&format!("path: client-side move by dlqctl ({why})"));
     }
     let to = args.to.as_deref().map(|t| ctx.config.resolve(t)).transpose()?;
     let fixed_destination: Option<Destination> = to.as_ref().map(broker::sink_destination).transpose()?;
