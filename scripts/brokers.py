@@ -530,13 +530,16 @@ def fixture_sqs(namespace, letters, fifo=False):
     return "sqs://%s-dlq%s?endpoint=%s&region=us-east-1" % (namespace, suffix, LOCALSTACK)
 
 
-def fixture_kafka(namespace, letters):
+def fixture_kafka(namespace, letters, partitions=1, with_source=True):
+    """Letters in `NS.DLT` with Spring headers naming `NS` as their original topic (created
+    too unless `with_source` is false), spread over `partitions` partitions by seq."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import NewTopic
 
     topic = namespace + ".DLT"
     admin = kafka_admin()  # must outlive its futures
-    for f in admin.create_topics([NewTopic(topic, 1, 1)]).values():
+    topics = [NewTopic(topic, partitions, 1)] + ([NewTopic(namespace, partitions, 1)] if with_source else [])
+    for f in admin.create_topics(topics).values():
         f.result(timeout=30)
     producer = Producer({"bootstrap.servers": KAFKA, "enable.idempotence": True, "acks": "all"})
     for seq, body, headers in letters:
@@ -544,7 +547,7 @@ def fixture_kafka(namespace, letters):
                   ("kafka_dlt-original-topic", namespace.encode()),
                   ("kafka_dlt-original-partition", struct.pack(">i", 0)),
                   ("kafka_dlt-original-offset", struct.pack(">q", int(seq or 0)))]
-        producer.produce(topic, key=str(seq).encode(), value=body,
+        producer.produce(topic, key=str(seq).encode(), value=body, partition=int(seq or 0) % partitions,
                          headers=[(k, v if isinstance(v, bytes) else str(v).encode()) for k, v in headers.items()] + spring)
     if producer.flush(30):
         raise SystemExit("fixture: Kafka produce did not finish")
@@ -578,6 +581,9 @@ FIXTURES = {
     "sqs": fixture_sqs,
     "sqs-fifo": lambda ns, letters: fixture_sqs(ns, letters, fifo=True),
     "kafka": fixture_kafka,
+    "kafka-3": lambda ns, letters: fixture_kafka(ns, letters, partitions=3),
+    # Letters whose original topic does not exist.
+    "kafka-orphan": lambda ns, letters: fixture_kafka(ns, letters, with_source=False),
 }
 
 

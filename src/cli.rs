@@ -91,6 +91,10 @@ pub struct ReadArgs {
     #[arg(long, value_name = "SOURCE")]
     pub reason_from: Option<String>,
 
+    /// Kafka: read from the earliest retained record instead of the group's committed offset.
+    #[arg(long)]
+    pub from_beginning: bool,
+
     /// Read even where reading can dead-letter messages again (a RabbitMQ quorum DLQ with a
     /// delivery limit counts every read as a delivery).
     #[arg(long)]
@@ -222,6 +226,10 @@ pub struct RedriveArgs {
     /// Retries of a transient publish failure, with exponential backoff and jitter.
     #[arg(long, value_name = "N", default_value_t = 5)]
     pub retries: u32,
+
+    /// Kafka: produce each copy to its original partition instead of letting its key decide.
+    #[arg(long)]
+    pub keep_partition: bool,
 
     /// How to move: the broker's own server-side move (SQS move task: everything back to its
     /// source), a client-side move by dlqctl (needed for --where, --to, --limit,

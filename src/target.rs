@@ -84,6 +84,8 @@ pub struct KafkaTarget {
     /// `None` names the whole cluster (for `list` and `lint`).
     pub topic: Option<String>,
     pub group: String,
+    /// Which topics `list` takes for dead-letter topics (a regular expression).
+    pub pattern: Option<String>,
 }
 
 pub const DEFAULT_KAFKA_GROUP: &str = "dlqctl";
@@ -443,10 +445,14 @@ fn parse_kafka(parts: &UrlParts, shown: &str) -> Result<Target> {
         }
     }
     let mut group = DEFAULT_KAFKA_GROUP.to_owned();
-    for (_, value) in parts.query_pairs(&["group"], shown)? {
-        group = value;
+    let mut pattern = None;
+    for (key, value) in parts.query_pairs(&["group", "pattern"], shown)? {
+        match key {
+            "group" => group = value,
+            _ => pattern = Some(value),
+        }
     }
-    Ok(Target::Kafka(KafkaTarget { bootstrap, topic, group }))
+    Ok(Target::Kafka(KafkaTarget { bootstrap, topic, group, pattern }))
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use crate::model::DeadLetter;
 use crate::target::{ArchiveTarget, Target};
 
 pub mod archive;
+pub mod kafka;
 pub mod rabbitmq;
 pub mod sqs;
 
@@ -101,6 +102,8 @@ pub enum Route {
     Amqp { exchange: String, routing_key: String, cc: Vec<String> },
     /// Send to an SQS queue, named as the message or the operator named it.
     Sqs(crate::target::SqsQueue),
+    /// Produce to a Kafka topic; to one partition, or by key when `None`.
+    Kafka { topic: String, partition: Option<i32> },
 }
 
 /// Whether trying again can help.
@@ -142,6 +145,10 @@ pub struct OpenOptions {
     pub skip_invalid: bool,
     /// Read even where reading can dead-letter messages again (a quorum DLQ with a delivery limit).
     pub force: bool,
+    /// Kafka: read from the earliest retained offset, not the group's committed one.
+    pub from_beginning: bool,
+    /// Kafka: redrive to the original partition rather than by key.
+    pub keep_partition: bool,
 }
 
 #[async_trait]
@@ -221,7 +228,7 @@ pub async fn open(target: &Target, options: &OpenOptions) -> Result<Box<dyn Brok
         Target::Archive(t) => Ok(Box::new(archive::ArchiveBroker::open(t.clone(), options).await?)),
         Target::Rabbitmq(t) => Ok(Box::new(rabbitmq::RabbitmqBroker::open(t, target.to_string(), options).await?)),
         Target::Sqs(t) => Ok(Box::new(sqs::SqsBroker::open(t, target.to_string(), options).await?)),
-        Target::Kafka(_) => Err(not_built(target, "Kafka")),
+        Target::Kafka(t) => Ok(Box::new(kafka::KafkaBroker::open(t, target.to_string(), options).await?)),
     }
 }
 
@@ -237,7 +244,7 @@ pub fn sink_destination(target: &Target) -> Result<Destination> {
         }
         Target::Rabbitmq(t) => rabbitmq::destination_for(t, &target.to_string()),
         Target::Sqs(t) => sqs::destination_for(t, &target.to_string()),
-        Target::Kafka(_) => Err(not_built(target, "Kafka")),
+        Target::Kafka(t) => kafka::destination_for(t, &target.to_string()),
     }
 }
 
@@ -249,17 +256,10 @@ pub async fn open_sink(target: &Target) -> Result<Box<dyn Sink>> {
             Ok(Box::new(rabbitmq::RabbitmqBroker::open(t, target.to_string(), &OpenOptions::default()).await?))
         }
         Target::Sqs(t) => Ok(Box::new(sqs::SqsBroker::open(t, target.to_string(), &OpenOptions::default()).await?)),
-        other => Err(sink_destination(other).err().unwrap_or_else(|| not_built(other, "this"))),
-    }
-}
-
-fn not_built(target: &Target, backend: &'static str) -> Error {
-    Error::NotSupported {
-        backend,
-        operation: "be reached yet",
-        why: format!(
-            "{target} is a valid target, but this build of dlqctl has no {backend} backend yet; \
-             export the messages to a .jsonl archive and point dlqctl at that"
-        ),
+        Target::Kafka(t) => {
+            let producer_only = crate::target::KafkaTarget { topic: None, ..t.clone() };
+            Ok(Box::new(kafka::KafkaBroker::open(&producer_only, target.to_string(), &OpenOptions::default()).await?))
+        }
+        Target::Archive(ArchiveTarget::Stdin) => Err(sink_destination(target).expect_err("stdin is refused")),
     }
 }

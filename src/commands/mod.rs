@@ -32,8 +32,18 @@ pub struct Context {
 impl Context {
     /// Resolve and open the DLQ named on the command line.
     pub async fn open(&self, read: &ReadArgs) -> Result<(Target, Box<dyn Broker>)> {
+        self.open_with(read, OpenOptions::default()).await
+    }
+
+    /// [`Context::open`], with options only some verbs have (`--keep-partition`).
+    pub async fn open_with(&self, read: &ReadArgs, extra: OpenOptions) -> Result<(Target, Box<dyn Broker>)> {
         let target = self.config.resolve(&read.target)?;
-        let options = OpenOptions { skip_invalid: read.skip_invalid, force: read.force };
+        let options = OpenOptions {
+            skip_invalid: read.skip_invalid,
+            force: read.force,
+            from_beginning: read.from_beginning,
+            ..extra
+        };
         let broker = broker::open(&target, &options).await?;
         Ok((target, broker))
     }

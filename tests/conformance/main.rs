@@ -48,3 +48,10 @@ mod sqs {
 
     conformance_suite!(BrokerFixture::new(TestBroker::Sqs));
 }
+
+mod kafka {
+    use crate::brokers::BrokerFixture;
+    use crate::support::TestBroker;
+
+    conformance_suite!(BrokerFixture::new(TestBroker::Kafka));
+}

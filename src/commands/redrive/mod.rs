@@ -11,7 +11,7 @@ use comfy_table::Color;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::Context;
-use crate::broker::{self, Broker, Destination, MoveTask, Sink};
+use crate::broker::{self, Broker, Destination, MoveTask, OpenOptions, Sink};
 use crate::cli::{Mode, RedriveArgs};
 use crate::error::{Error, Result};
 use crate::redrive::audit::{AuditLog, RunInfo};
@@ -81,7 +81,8 @@ const STATUS_EVERY: Duration = Duration::from_secs(5);
 
 pub async fn run(ctx: &mut Context, args: &RedriveArgs) -> Result<()> {
     let selection = Selection::parse(&args.read.filters)?;
-    let (target, source) = ctx.open(&args.read).await?;
+    let extra = OpenOptions { keep_partition: args.keep_partition, ..OpenOptions::default() };
+    let (target, source) = ctx.open_with(&args.read, extra).await?;
     let dlq = target.to_string();
     if args.status || args.cancel {
         let task = if args.cancel { Some(source.cancel_move_task().await?) } else { source.move_task().await? };

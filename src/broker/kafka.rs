@@ -1,0 +1,837 @@
+//! Kafka through rdkafka (its bundled librdkafka). Kafka has no DLQ of its own: frameworks
+//! write dead-letter topics (Spring `*.DLT` with `kafka_dlt-*` headers, Kafka Connect with
+//! `__connect.errors.*`), and "already handled" is a consumer group's committed offset.
+//!
+//! Reads assign partitions directly, without joining the group and without committing, so
+//! they change nothing. A redrive produces with an idempotent producer (`acks=all`), waits for
+//! each delivery report, then commits. A committed offset means "everything before it is
+//! settled", so a message left behind (skipped, failed) holds its partition's commit back; the
+//! settled offsets beyond it travel in the commit's metadata, and later runs skip them.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{TimeZone, Utc};
+use futures::StreamExt;
+use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Headers as _, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
+use rdkafka::{Offset, TopicPartitionList};
+use regex::Regex;
+
+use super::{
+    Broker, Capabilities, Description, Destination, Failure, Handle, LetterStream, OpenOptions, PublishError, Received,
+    Route, Sink,
+};
+use crate::error::{Error, Result};
+use crate::model::{BrokerKind, DeadLetter, Headers, Reason, ReasonKind, Source, Value};
+use crate::target::KafkaTarget;
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+/// A read stops when nothing arrives for this long (gaps such as transaction markers mean a
+/// partition's last offsets may never be delivered).
+const IDLE: Duration = Duration::from_secs(3);
+/// Names of dead-letter topics by convention; `?pattern=` overrides.
+pub const DEFAULT_DLT_PATTERN: &str = r"(?i)(\.dlt$|-dlt$|\.dlq$|-dlq$|^dlq[.-]|dead[._-]?letter)";
+/// Prefix of the commit metadata that lists settled offsets beyond the committed one.
+const SETTLED: &str = "dlqctl-settled:";
+/// How many records `list` reads per topic to learn the source topics from headers.
+const SOURCE_SAMPLE: usize = 100;
+
+pub struct KafkaBroker {
+    target: KafkaTarget,
+    shown: String,
+    options: OpenOptions,
+    /// The reader behind `receive`.
+    taker: tokio::sync::Mutex<Option<Reader>>,
+    /// Per partition: the offset to commit next, and settled offsets beyond it.
+    commits: Mutex<BTreeMap<i32, Commit>>,
+    /// (partition, offset) of handed-out messages, by the token their `Handle` carries.
+    handed: Mutex<HashMap<u64, (i32, i64)>>,
+    next_token: AtomicU64,
+    producer: tokio::sync::OnceCell<FutureProducer>,
+    /// Destination topics known to exist (checked once each, since a produce to a missing
+    /// topic only times out).
+    topics_seen: Mutex<BTreeSet<String>>,
+    /// Messages the last read returned, for its closing note.
+    read: AtomicU64,
+}
+
+#[derive(Debug, Default, Clone)]
+struct Commit {
+    next: i64,
+    beyond: BTreeSet<i64>,
+}
+
+/// Reads a topic from given offsets up to the high watermarks seen when it started.
+struct Reader {
+    consumer: StreamConsumer,
+    /// Per partition: the next offset wanted and the end (high watermark) to stop at.
+    positions: BTreeMap<i32, (i64, i64)>,
+    /// Offsets already settled by an earlier run (from commit metadata): skipped.
+    skip: BTreeMap<i32, BTreeSet<i64>>,
+}
+
+impl KafkaBroker {
+    pub async fn open(target: &KafkaTarget, shown: String, options: &OpenOptions) -> Result<Self> {
+        let broker = KafkaBroker {
+            target: target.clone(),
+            shown,
+            options: options.clone(),
+            taker: tokio::sync::Mutex::new(None),
+            commits: Mutex::new(BTreeMap::new()),
+            handed: Mutex::new(HashMap::new()),
+            next_token: AtomicU64::new(0),
+            producer: tokio::sync::OnceCell::new(),
+            topics_seen: Mutex::new(BTreeSet::new()),
+            read: AtomicU64::new(0),
+        };
+        // Fail now, within a bounded time, when the cluster cannot be reached.
+        let consumer = broker.consumer()?;
+        let topic = target.topic.clone();
+        let shown = broker.shown.clone();
+        tokio::task::spawn_blocking(move || {
+            let metadata = consumer.fetch_metadata(topic.as_deref(), TIMEOUT).map_err(|e| {
+                Error::Runtime(format!("cannot reach Kafka at {shown}: {e} (check the bootstrap servers)"))
+            })?;
+            if let Some(topic) = topic {
+                let found = metadata.topics().iter().find(|t| t.name() == topic);
+                if found.is_none_or(|t| t.error().is_some() || t.partitions().is_empty()) {
+                    return Err(Error::Runtime(format!("{shown}: topic {topic:?} does not exist")));
+                }
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| Error::Runtime(format!("metadata lookup failed: {e}")))??;
+        Ok(broker)
+    }
+
+    fn config(&self) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", self.target.bootstrap.join(","))
+            .set("socket.timeout.ms", "10000")
+            .set("message.timeout.ms", "30000");
+        config
+    }
+
+    fn consumer(&self) -> Result<StreamConsumer> {
+        self.config()
+            .set("group.id", &self.target.group)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "false")
+            .set("auto.offset.reset", "earliest")
+            .create()
+            .map_err(|e| Error::Runtime(format!("cannot create a Kafka consumer for {}: {e}", self.shown)))
+    }
+
+    fn topic(&self) -> Result<&str> {
+        self.target.topic.as_deref().ok_or_else(|| {
+            Error::Usage(format!("{} names no topic: use kafka://HOST:PORT/TOPIC (list shows the DLTs)", self.shown))
+        })
+    }
+
+    /// Partitions of a topic with their low and high watermarks.
+    async fn watermarks(&self, consumer: &StreamConsumer, topic: &str) -> Result<BTreeMap<i32, (i64, i64)>> {
+        let metadata = consumer
+            .fetch_metadata(Some(topic), TIMEOUT)
+            .map_err(|e| Error::Runtime(format!("metadata for {topic}: {e}")))?;
+        let mut out = BTreeMap::new();
+        for t in metadata.topics().iter().filter(|t| t.name() == topic) {
+            for p in t.partitions() {
+                let marks = consumer
+                    .fetch_watermarks(topic, p.id(), TIMEOUT)
+                    .map_err(|e| Error::Runtime(format!("watermarks of {topic}/{}: {e}", p.id())))?;
+                out.insert(p.id(), marks);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The group's committed offsets (and settled-beyond metadata) per partition.
+    fn committed(&self, consumer: &StreamConsumer, topic: &str, partitions: &[i32]) -> Result<BTreeMap<i32, Commit>> {
+        let mut tpl = TopicPartitionList::new();
+        for p in partitions {
+            tpl.add_partition(topic, *p);
+        }
+        let committed = consumer
+            .committed_offsets(tpl, TIMEOUT)
+            .map_err(|e| Error::Runtime(format!("committed offsets of group {:?}: {e}", self.target.group)))?;
+        let mut out = BTreeMap::new();
+        for e in committed.elements_for_topic(topic) {
+            if let Offset::Offset(next) = e.offset() {
+                out.insert(e.partition(), Commit { next, beyond: parse_settled(e.metadata()) });
+            }
+        }
+        Ok(out)
+    }
+
+    /// A reader from the group's committed offsets (or the earliest, with --from-beginning
+    /// or where the group has committed nothing) up to the current ends.
+    async fn reader(&self, topic: &str, skip_settled: bool) -> Result<Reader> {
+        let consumer = self.consumer()?;
+        let marks = self.watermarks(&consumer, topic).await?;
+        let partitions: Vec<i32> = marks.keys().copied().collect();
+        let committed =
+            if self.options.from_beginning { BTreeMap::new() } else { self.committed(&consumer, topic, &partitions)? };
+        let mut tpl = TopicPartitionList::new();
+        let mut positions = BTreeMap::new();
+        let mut skip = BTreeMap::new();
+        for (p, (low, high)) in &marks {
+            let start = committed.get(p).map_or(*low, |c| c.next.max(*low));
+            tpl.add_partition_offset(topic, *p, Offset::Offset(start))
+                .map_err(|e| Error::Runtime(format!("assigning {topic}/{p}: {e}")))?;
+            positions.insert(*p, (start, *high));
+            if skip_settled {
+                skip.insert(*p, self.settled_beyond(*p, committed.get(p)));
+            }
+        }
+        consumer.assign(&tpl).map_err(|e| Error::Runtime(format!("assigning {topic}: {e}")))?;
+        Ok(Reader { consumer, positions, skip })
+    }
+
+    /// Offsets settled beyond the committed one: what the commit metadata says, and what this
+    /// process settled itself (some brokers, Tansu among them, do not return commit metadata).
+    fn settled_beyond(&self, partition: i32, committed: Option<&Commit>) -> BTreeSet<i64> {
+        let mut settled = committed.map(|c| c.beyond.clone()).unwrap_or_default();
+        if let Some(c) = self.commits.lock().expect("not poisoned").get(&partition) {
+            settled.extend(&c.beyond);
+        }
+        settled
+    }
+
+    fn normalize(&self, m: &OwnedMessage) -> DeadLetter {
+        let mut headers = Headers::new();
+        if let Some(hs) = m.headers() {
+            for h in hs.iter() {
+                headers.push(h.key, h.value.map_or(Value::Null, header_value));
+            }
+        }
+        let decoded = decode_failure_headers(&headers);
+        let mut extras = Headers::new().with("partition", i64::from(m.partition())).with("offset", m.offset());
+        let time = m.timestamp().to_millis().and_then(|ms| Utc.timestamp_millis_opt(ms).single());
+        if let Some(t) = time {
+            extras.push("timestamp", t);
+        }
+        if let Some(key) = m.key() {
+            extras.push("key", header_value(key));
+        }
+        DeadLetter {
+            id: format!("{}-{}@{}", m.topic(), m.partition(), m.offset()),
+            broker: Some(BrokerKind::Kafka),
+            dlq: Some(m.topic().to_owned()),
+            source: decoded.source,
+            reason: decoded.reason,
+            failure_count: None,
+            first_failed_at: None,
+            last_failed_at: time,
+            enqueued_at: None,
+            headers,
+            extras,
+            body: m.payload().map(<[u8]>::to_vec),
+        }
+    }
+
+    async fn producer(&self) -> std::result::Result<&FutureProducer, PublishError> {
+        self.producer
+            .get_or_try_init(|| async {
+                self.config()
+                    .set("enable.idempotence", "true")
+                    .set("acks", "all")
+                    .set("linger.ms", "5")
+                    .create::<FutureProducer>()
+            })
+            .await
+            .map_err(|e| PublishError {
+                failure: Failure::Transient,
+                message: format!("cannot create a producer: {e}"),
+            })
+    }
+}
+
+impl Reader {
+    /// The next record within the read's bounds, or `None` at the end.
+    async fn next(&mut self) -> Option<std::result::Result<OwnedMessage, KafkaError>> {
+        loop {
+            if self.positions.values().all(|(next, end)| next >= end) {
+                return None;
+            }
+            let message = match tokio::time::timeout(IDLE, self.consumer.recv()).await {
+                Err(_) => return None,
+                Ok(Err(e)) => return Some(Err(e)),
+                Ok(Ok(m)) => m,
+            };
+            let (p, o) = (message.partition(), message.offset());
+            let Some((next, end)) = self.positions.get_mut(&p) else { continue };
+            if o >= *end {
+                // Arrived after the read began: left for the next one.
+                *next = *end;
+                continue;
+            }
+            *next = o + 1;
+            if self.skip.get(&p).is_some_and(|s| s.contains(&o)) {
+                continue;
+            }
+            return Some(Ok(message.detach()));
+        }
+    }
+}
+
+/// Spring and Connect failure headers, decoded.
+#[derive(Debug, Default, PartialEq)]
+pub struct Decoded {
+    pub reason: Reason,
+    pub source: Source,
+}
+
+/// Decode Spring Kafka's `kafka_dlt-*` headers (value side, else key side) or Kafka
+/// Connect's `__connect.errors.*`. Partition and offset are accepted as Spring writes them
+/// (4- and 8-byte big-endian) or as text (Connect, older Spring).
+pub fn decode_failure_headers(headers: &Headers) -> Decoded {
+    let text = |name: &str| match headers.get(name) {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Bytes(b)) => std::str::from_utf8(b).ok().map(str::to_owned),
+        _ => None,
+    };
+    let number = |name: &str| -> Option<i64> {
+        match headers.get(name) {
+            Some(Value::Bytes(b)) if b.len() == 4 => Some(i64::from(i32::from_be_bytes(b[..4].try_into().ok()?))),
+            Some(Value::Bytes(b)) if b.len() == 8 => Some(i64::from_be_bytes(b[..8].try_into().ok()?)),
+            Some(Value::String(s)) => s.trim().parse().ok(),
+            _ => None,
+        }
+    };
+    let spring = |side: &str| {
+        text(&format!("kafka_dlt-{side}exception-fqcn")).map(|class| Reason {
+            raw: Some(if side.is_empty() { class.clone() } else { format!("key: {class}") }),
+            exception_class: Some(class),
+            cause_class: text(&format!("kafka_dlt-{side}exception-cause-fqcn")),
+            message: text(&format!("kafka_dlt-{side}exception-message")),
+            ..Reason::new(ReasonKind::Exception)
+        })
+    };
+    if let Some(reason) = spring("").or_else(|| spring("key-")) {
+        return Decoded {
+            reason,
+            source: Source {
+                name: text("kafka_dlt-original-topic"),
+                partition: number("kafka_dlt-original-partition").and_then(|p| i32::try_from(p).ok()),
+                offset: number("kafka_dlt-original-offset"),
+                ..Source::default()
+            },
+        };
+    }
+    if let Some(class) = text("__connect.errors.exception.class.name") {
+        return Decoded {
+            reason: Reason {
+                raw: Some(class.clone()),
+                exception_class: Some(class),
+                message: text("__connect.errors.exception.message"),
+                code: text("__connect.errors.stage"),
+                ..Reason::new(ReasonKind::Exception)
+            },
+            source: Source {
+                name: text("__connect.errors.topic"),
+                partition: number("__connect.errors.partition").and_then(|p| i32::try_from(p).ok()),
+                offset: number("__connect.errors.offset"),
+                ..Source::default()
+            },
+        };
+    }
+    Decoded::default()
+}
+
+/// Kafka header values are bytes: text when it is printable UTF-8, bytes otherwise (a
+/// big-endian partition number is valid UTF-8 but not text).
+fn header_value(bytes: &[u8]) -> Value {
+    match std::str::from_utf8(bytes) {
+        Ok(s) if !s.chars().any(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r')) => Value::String(s.to_owned()),
+        _ => Value::Bytes(bytes.to_vec()),
+    }
+}
+
+fn value_bytes(value: &Value) -> Vec<u8> {
+    match value {
+        Value::Bytes(b) => b.clone(),
+        other => other.to_string().into_bytes(),
+    }
+}
+
+/// `dlqctl-settled:5,7-9` -> {5, 7, 8, 9}.
+fn parse_settled(metadata: &str) -> BTreeSet<i64> {
+    let mut out = BTreeSet::new();
+    // librdkafka may hand the metadata back with the C string's terminating NUL.
+    let Some(list) = metadata.trim_end_matches('\0').strip_prefix(SETTLED) else { return out };
+    for part in list.split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                if let (Ok(a), Ok(b)) = (a.parse::<i64>(), b.parse::<i64>()) {
+                    out.extend(a..=b);
+                }
+            }
+            None => out.extend(part.parse::<i64>().ok()),
+        }
+    }
+    out
+}
+
+fn format_settled(offsets: &BTreeSet<i64>) -> String {
+    let mut parts = Vec::new();
+    let mut iter = offsets.iter().copied().peekable();
+    while let Some(start) = iter.next() {
+        let mut end = start;
+        while iter.peek() == Some(&(end + 1)) {
+            end = iter.next().expect("peeked");
+        }
+        parts.push(if start == end { start.to_string() } else { format!("{start}-{end}") });
+    }
+    format!("{SETTLED}{}", parts.join(","))
+}
+
+fn classify(e: &KafkaError) -> Failure {
+    match e.rdkafka_error_code() {
+        Some(
+            RDKafkaErrorCode::UnknownTopicOrPartition
+            | RDKafkaErrorCode::UnknownTopic
+            | RDKafkaErrorCode::MessageSizeTooLarge
+            | RDKafkaErrorCode::TopicAuthorizationFailed
+            | RDKafkaErrorCode::InvalidRecord
+            | RDKafkaErrorCode::UnknownPartition,
+        ) => Failure::Permanent,
+        _ => Failure::Transient,
+    }
+}
+
+#[async_trait]
+impl Broker for KafkaBroker {
+    fn backend(&self) -> &'static str {
+        "Kafka"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { peek: true, peek_cost: None, consume: true, server_move: false }
+    }
+
+    async fn describe(&self) -> Result<Description> {
+        let topic = self.topic()?.to_owned();
+        Ok(self.describe_topic(&topic, false).await?)
+    }
+
+    async fn list(&self) -> Result<Vec<Description>> {
+        if let Some(topic) = &self.target.topic {
+            return Ok(vec![self.describe_topic(topic, true).await?]);
+        }
+        let consumer = self.consumer()?;
+        let metadata = consumer
+            .fetch_metadata(None, TIMEOUT)
+            .map_err(|e| Error::Runtime(format!("cannot list topics of {}: {e}", self.shown)))?;
+        let pattern = Regex::new(self.target.pattern.as_deref().unwrap_or(DEFAULT_DLT_PATTERN))
+            .map_err(|e| Error::Usage(format!("?pattern= is not a regular expression: {e}")))?;
+        let mut names: Vec<String> =
+            metadata.topics().iter().map(|t| t.name().to_owned()).filter(|n| pattern.is_match(n)).collect();
+        names.sort();
+        let mut out = Vec::new();
+        for name in names {
+            out.push(self.describe_topic(&name, true).await?);
+        }
+        Ok(out)
+    }
+
+    async fn peek(&self, limit: Option<u64>) -> Result<LetterStream<'_>> {
+        let topic = self.topic()?.to_owned();
+        let reader = self.reader(&topic, true).await?;
+        self.read.store(0, Ordering::Relaxed);
+        let remaining = limit.unwrap_or(u64::MAX);
+        Ok(futures::stream::unfold((reader, remaining), move |(mut reader, remaining)| async move {
+            if remaining == 0 {
+                return None;
+            }
+            let item = match reader.next().await? {
+                Ok(m) => Ok(self.normalize(&m)),
+                Err(e) => Err(Error::Runtime(format!("reading {}: {e}", self.shown))),
+            };
+            self.read.fetch_add(1, Ordering::Relaxed);
+            Some((item, (reader, remaining - 1)))
+        })
+        .boxed())
+    }
+
+    async fn receive(&self, max: usize) -> Result<Vec<Received>> {
+        let topic = self.topic()?.to_owned();
+        let mut slot = self.taker.lock().await;
+        if slot.is_none() {
+            let reader = self.reader(&topic, true).await?;
+            let partitions: Vec<i32> = reader.positions.keys().copied().collect();
+            let committed = self.committed(&reader.consumer, &topic, &partitions)?;
+            let mut commits = self.commits.lock().expect("not poisoned");
+            for (p, (start, _)) in &reader.positions {
+                // Commits go on from where this read starts, keeping what earlier runs settled beyond it.
+                let beyond = committed.get(p).map(|c| c.beyond.clone()).unwrap_or_default();
+                commits.insert(*p, Commit { next: *start, beyond });
+            }
+            *slot = Some(reader);
+        }
+        let reader = slot.as_mut().expect("set above");
+        let mut out = Vec::with_capacity(max);
+        while out.len() < max {
+            let Some(next) = reader.next().await else { break };
+            let m = next.map_err(|e| Error::Runtime(format!("reading {}: {e}", self.shown)))?;
+            let token = self.next_token.fetch_add(1, Ordering::Relaxed);
+            self.handed.lock().expect("not poisoned").insert(token, (m.partition(), m.offset()));
+            out.push(Received { handle: Handle::Token(token), letter: self.normalize(&m) });
+        }
+        Ok(out)
+    }
+
+    async fn settle(&self, handles: &[Handle]) -> Result<()> {
+        let topic = self.topic()?.to_owned();
+        let settled: Vec<(i32, i64)> = {
+            let mut handed = self.handed.lock().expect("not poisoned");
+            handles
+                .iter()
+                .filter_map(|h| match h {
+                    Handle::Token(t) => handed.remove(t),
+                    _ => None,
+                })
+                .collect()
+        };
+        let mut tpl = TopicPartitionList::new();
+        {
+            let mut commits = self.commits.lock().expect("not poisoned");
+            let mut touched = BTreeSet::new();
+            for (p, o) in settled {
+                let c = commits.entry(p).or_default();
+                c.beyond.insert(o);
+                while c.beyond.remove(&c.next) {
+                    c.next += 1;
+                }
+                touched.insert(p);
+            }
+            for p in touched {
+                let c = &commits[&p];
+                tpl.add_partition_offset(&topic, p, Offset::Offset(c.next))
+                    .map_err(|e| Error::Runtime(format!("committing {topic}/{p}: {e}")))?;
+                if let Some(mut e) = tpl.find_partition(&topic, p) {
+                    e.set_metadata(format_settled(&c.beyond));
+                }
+            }
+        }
+        if tpl.count() == 0 {
+            return Ok(());
+        }
+        let slot = self.taker.lock().await;
+        let consumer = &slot.as_ref().ok_or_else(|| Error::Runtime("settle before receive".into()))?.consumer;
+        consumer
+            .commit(&tpl, CommitMode::Sync)
+            .map_err(|e| Error::Runtime(format!("committing offsets of group {:?}: {e}", self.target.group)))
+    }
+
+    async fn release(&self, handles: &[Handle]) -> Result<()> {
+        // Nothing to undo: an uncommitted offset is still pending for the group.
+        let mut handed = self.handed.lock().expect("not poisoned");
+        for h in handles {
+            if let Handle::Token(t) = h {
+                handed.remove(t);
+            }
+        }
+        Ok(())
+    }
+
+    fn source_destination(&self, letter: &DeadLetter) -> Option<Destination> {
+        let topic = letter.source.name.clone()?;
+        let partition = if self.options.keep_partition { letter.source.partition } else { None };
+        let label = match partition {
+            Some(p) => format!("topic {topic} partition {p}"),
+            None => format!("topic {topic}"),
+        };
+        Some(Destination { label, route: Route::Kafka { topic, partition } })
+    }
+
+    fn source_sink(&self) -> Option<&dyn Sink> {
+        Some(self)
+    }
+
+    fn read_notes(&self) -> Vec<String> {
+        match self.read.load(Ordering::Relaxed) {
+            0 => Vec::new(),
+            n => vec![format!(
+                "read {n} record(s) by assigning partitions, without joining group {:?} or committing: no side effects",
+                self.target.group
+            )],
+        }
+    }
+}
+
+impl KafkaBroker {
+    async fn describe_topic(&self, topic: &str, sample_sources: bool) -> Result<Description> {
+        let consumer = self.consumer()?;
+        let marks = self.watermarks(&consumer, topic).await?;
+        let partitions: Vec<i32> = marks.keys().copied().collect();
+        let committed = self.committed(&consumer, topic, &partitions)?;
+        let mut pending = 0i64;
+        let mut retained = 0i64;
+        let mut per_partition = Vec::new();
+        for (p, (low, high)) in &marks {
+            let start = committed.get(p).map_or(*low, |c| c.next.max(*low));
+            let settled_beyond = self.settled_beyond(*p, committed.get(p)).len() as i64;
+            let waiting = (high - start - settled_beyond).max(0);
+            pending += waiting;
+            retained += high - low;
+            per_partition.push(format!("p{p}:{waiting}"));
+        }
+        let (retention, cleanup) = self.topic_config(topic).await;
+        let mut notes = vec![
+            format!(
+                "{pending} pending for group {:?} ({}), {retained} retained",
+                self.target.group,
+                per_partition.join(" ")
+            ),
+            format!("cleanup.policy {}", cleanup.as_deref().unwrap_or("?")),
+        ];
+        let (oldest, sources) = self.sample(topic, &marks, sample_sources).await;
+        if let Some(t) = oldest {
+            notes.push(format!("oldest retained {}", crate::model::format_time(&t)));
+        }
+        Ok(Description {
+            target: format!("kafka://{}/{topic}", self.target.bootstrap.join(",")),
+            name: topic.to_owned(),
+            kind: "kafka topic",
+            depth: Some(pending.max(0) as u64),
+            oldest_age: oldest.map(|t| (Utc::now() - t).to_std().unwrap_or_default()),
+            retention: retention.filter(|ms| *ms >= 0).map(|ms| Duration::from_millis(ms as u64)),
+            sources,
+            capabilities: self.capabilities(),
+            notes,
+        })
+    }
+
+    async fn topic_config(&self, topic: &str) -> (Option<i64>, Option<String>) {
+        let Ok(admin) = self.config().create::<AdminClient<DefaultClientContext>>() else { return (None, None) };
+        let options = AdminOptions::new().request_timeout(Some(TIMEOUT));
+        let Ok(results) = admin.describe_configs(&[ResourceSpecifier::Topic(topic)], &options).await else {
+            return (None, None);
+        };
+        let Some(Ok(resource)) = results.into_iter().next() else { return (None, None) };
+        let value = |name: &str| resource.get(name).and_then(|e| e.value.clone());
+        (value("retention.ms").and_then(|v| v.parse().ok()), value("cleanup.policy"))
+    }
+
+    /// The oldest retained record's time, and the source topics named in the first records'
+    /// headers.
+    async fn sample(
+        &self,
+        topic: &str,
+        marks: &BTreeMap<i32, (i64, i64)>,
+        with_sources: bool,
+    ) -> (Option<chrono::DateTime<Utc>>, Vec<String>) {
+        let Ok(consumer) = self.consumer() else { return (None, Vec::new()) };
+        let mut tpl = TopicPartitionList::new();
+        for (p, (low, _)) in marks {
+            let _ = tpl.add_partition_offset(topic, *p, Offset::Offset(*low));
+        }
+        if consumer.assign(&tpl).is_err() {
+            return (None, Vec::new());
+        }
+        let mut positions: BTreeMap<i32, (i64, i64)> =
+            marks.iter().map(|(p, (low, high))| (*p, (*low, *high))).collect();
+        let mut reader = Reader { consumer, positions: std::mem::take(&mut positions), skip: BTreeMap::new() };
+        let mut oldest: Option<chrono::DateTime<Utc>> = None;
+        let mut sources = BTreeSet::new();
+        let want = if with_sources { SOURCE_SAMPLE } else { marks.len() };
+        for _ in 0..want {
+            let Some(Ok(m)) = reader.next().await else { break };
+            let letter = self.normalize(&m);
+            if let Some(t) = letter.last_failed_at {
+                oldest = Some(oldest.map_or(t, |o| o.min(t)));
+            }
+            if let Some(s) = letter.source.name {
+                sources.insert(s);
+            }
+            if !with_sources {
+                // One record per partition is enough for the oldest time.
+                if let Some((next, end)) = reader.positions.get_mut(&m.partition()) {
+                    *next = *end;
+                }
+            }
+        }
+        (oldest, sources.into_iter().collect())
+    }
+}
+
+#[async_trait]
+impl Sink for KafkaBroker {
+    async fn publish(&self, batch: &[(DeadLetter, Destination)]) -> Vec<std::result::Result<(), PublishError>> {
+        let producer = match self.producer().await {
+            Ok(p) => p,
+            Err(e) => return vec![Err(e); batch.len()],
+        };
+        let mut missing = BTreeMap::new();
+        for (_, destination) in batch {
+            if let Route::Kafka { topic, .. } = &destination.route
+                && !missing.contains_key(topic)
+            {
+                missing.insert(topic.clone(), self.check_topic(producer, topic));
+            }
+        }
+        let missing = &missing;
+        let sends = batch.iter().map(|(letter, destination)| async move {
+            let Route::Kafka { topic, partition } = &destination.route else {
+                return Err(PublishError {
+                    failure: Failure::Permanent,
+                    message: format!("Kafka cannot publish to {}", destination.label),
+                });
+            };
+            if let Some(Err(e)) = missing.get(topic) {
+                return Err(e.clone());
+            }
+            let mut headers = OwnedHeaders::new_with_capacity(letter.headers.len());
+            let values: Vec<(String, Option<Vec<u8>>)> = letter
+                .headers
+                .iter()
+                .map(|(k, v)| (k.to_owned(), (!matches!(v, Value::Null)).then(|| value_bytes(v))))
+                .collect();
+            for (k, v) in &values {
+                headers = headers.insert(rdkafka::message::Header { key: k, value: v.as_deref() });
+            }
+            let key = letter.extras.get("key").map(value_bytes);
+            let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(headers);
+            if let Some(k) = &key {
+                record = record.key(k.as_slice());
+            }
+            if let Some(body) = &letter.body {
+                record = record.payload(body.as_slice());
+            }
+            if let Some(p) = partition {
+                record = record.partition(*p);
+            }
+            producer
+                .send(record, TIMEOUT)
+                .await
+                .map(|_| ())
+                .map_err(|(e, _)| PublishError { failure: classify(&e), message: format!("producing to {topic}: {e}") })
+        });
+        futures::future::join_all(sends).await
+    }
+}
+
+impl KafkaBroker {
+    /// Whether `topic` exists: a produce to a missing topic would only time out.
+    fn check_topic(&self, producer: &FutureProducer, topic: &str) -> std::result::Result<(), PublishError> {
+        if self.topics_seen.lock().expect("not poisoned").contains(topic) {
+            return Ok(());
+        }
+        let metadata = producer.client().fetch_metadata(Some(topic), TIMEOUT).map_err(|e| PublishError {
+            failure: Failure::Transient,
+            message: format!("metadata for topic {topic}: {e}"),
+        })?;
+        let exists =
+            metadata.topics().iter().any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty());
+        if !exists {
+            return Err(PublishError {
+                failure: Failure::Permanent,
+                message: format!("topic {topic} does not exist on {}", self.shown),
+            });
+        }
+        self.topics_seen.lock().expect("not poisoned").insert(topic.to_owned());
+        Ok(())
+    }
+}
+
+/// The destination `--to kafka://HOST:PORT/TOPIC` names.
+pub fn destination_for(target: &KafkaTarget, shown: &str) -> Result<Destination> {
+    let topic = target
+        .topic
+        .clone()
+        .ok_or_else(|| Error::Usage(format!("--to {shown} names no topic: use kafka://HOST:PORT/TOPIC")))?;
+    Ok(Destination { label: format!("topic {topic}"), route: Route::Kafka { topic, partition: None } })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spring(partition: &[u8], offset: &[u8]) -> Headers {
+        Headers::new()
+            .with("kafka_dlt-exception-fqcn", "org.springframework.kafka.listener.ListenerExecutionFailedException")
+            .with("kafka_dlt-exception-cause-fqcn", "java.lang.IllegalStateException")
+            .with("kafka_dlt-exception-message", "boom")
+            .with("kafka_dlt-original-topic", "orders")
+            .with("kafka_dlt-original-partition", partition.to_vec())
+            .with("kafka_dlt-original-offset", offset.to_vec())
+    }
+
+    #[test]
+    fn spring_headers_with_binary_partition_and_offset() {
+        let d = decode_failure_headers(&spring(&2i32.to_be_bytes(), &1234i64.to_be_bytes()));
+        assert_eq!(d.reason.kind, ReasonKind::Exception);
+        assert_eq!(d.reason.cause_class.as_deref(), Some("java.lang.IllegalStateException"));
+        assert_eq!(d.reason.message.as_deref(), Some("boom"));
+        assert_eq!(
+            (d.source.name.as_deref(), d.source.partition, d.source.offset),
+            (Some("orders"), Some(2), Some(1234))
+        );
+    }
+
+    #[test]
+    fn key_side_exceptions_and_connect_headers() {
+        let key = Headers::new()
+            .with("kafka_dlt-key-exception-fqcn", "org.apache.kafka.common.errors.SerializationException");
+        let d = decode_failure_headers(&key);
+        assert_eq!(d.reason.raw.as_deref(), Some("key: org.apache.kafka.common.errors.SerializationException"));
+        let connect = Headers::new()
+            .with("__connect.errors.topic", "orders")
+            .with("__connect.errors.partition", "1")
+            .with("__connect.errors.offset", "77")
+            .with("__connect.errors.stage", "VALUE_CONVERTER")
+            .with("__connect.errors.exception.class.name", "org.apache.kafka.connect.errors.DataException");
+        let d = decode_failure_headers(&connect);
+        assert_eq!(d.reason.exception_class.as_deref(), Some("org.apache.kafka.connect.errors.DataException"));
+        assert_eq!(d.reason.code.as_deref(), Some("VALUE_CONVERTER"));
+        assert_eq!((d.source.partition, d.source.offset), (Some(1), Some(77)));
+        assert_eq!(decode_failure_headers(&Headers::new()), Decoded::default());
+    }
+
+    #[test]
+    fn header_values_are_text_only_when_printable() {
+        assert_eq!(header_value(b"orders"), Value::String("orders".into()));
+        assert_eq!(header_value(&[0, 0, 0, 2]), Value::Bytes(vec![0, 0, 0, 2]));
+        assert_eq!(value_bytes(&Value::Bytes(vec![0, 0, 0, 2])), vec![0, 0, 0, 2]);
+    }
+
+    #[test]
+    fn settled_offsets_round_trip_as_ranges() {
+        let offsets: BTreeSet<i64> = [5, 7, 8, 9, 12].into();
+        let text = format_settled(&offsets);
+        assert_eq!(text, "dlqctl-settled:5,7-9,12");
+        assert_eq!(parse_settled(&text), offsets);
+        assert!(parse_settled("other metadata").is_empty());
+    }
+
+    #[test]
+    fn the_default_pattern_finds_dead_letter_topics() {
+        let re = Regex::new(DEFAULT_DLT_PATTERN).unwrap();
+        for yes in [
+            "orders.DLT",
+            "orders-dlt",
+            "orders.dlq",
+            "orders-dlq",
+            "dlq.orders",
+            "dlq-orders-jdbc-sink",
+            "orders-dead-letter",
+        ] {
+            assert!(re.is_match(yes), "{yes}");
+        }
+        for no in ["orders", "dlqctl", "orders.retry"] {
+            assert!(!re.is_match(no), "{no}");
+        }
+    }
+}
