@@ -89,7 +89,7 @@ _dlqctl() {
             return 0
             ;;
         dlqctl__subcmd__export)
-            opts="-o -q -h --where --skip-invalid --reason-from --force --file --redact --output --color --config --quiet --help"
+            opts="-o -q -h --where --skip-invalid --reason-from --from-beginning --force --file --redact --output --color --config --quiet --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -263,7 +263,7 @@ _dlqctl() {
             return 0
             ;;
         dlqctl__subcmd__peek)
-            opts="-n -o -q -h --where --skip-invalid --reason-from --force --limit --full --redact --output --color --config --quiet --help"
+            opts="-n -o -q -h --where --skip-invalid --reason-from --from-beginning --force --limit --full --redact --output --color --config --quiet --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -313,7 +313,7 @@ _dlqctl() {
             return 0
             ;;
         dlqctl__subcmd__redrive)
-            opts="-y -o -q -h --where --skip-invalid --reason-from --force --to --limit --rate --batch --dry-run --plan-out --yes --note --audit-log --resume --max-redrives --retries --mode --status --cancel --max-consecutive-failures --output --color --config --quiet --help"
+            opts="-y -o -q -h --where --skip-invalid --reason-from --from-beginning --force --to --limit --rate --batch --dry-run --plan-out --yes --note --audit-log --resume --max-redrives --retries --keep-partition --mode --status --cancel --max-consecutive-failures --output --color --config --quiet --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -399,7 +399,7 @@ _dlqctl() {
             return 0
             ;;
         dlqctl__subcmd__summarize)
-            opts="-o -q -h --where --skip-invalid --reason-from --force --by --output --color --config --quiet --help"
+            opts="-o -q -h --where --skip-invalid --reason-from --from-beginning --force --by --output --color --config --quiet --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

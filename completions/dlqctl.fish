@@ -58,6 +58,7 @@ always\t''
 never\t''"
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l config -d 'Config file with named targets and redaction rules [default: $XDG_CONFIG_HOME/dlqctl/config.toml]' -r -F
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l skip-invalid -d 'Skip archive lines that are not dead letters, and report how many, instead of stopping'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l from-beginning -d 'Kafka: read from the earliest retained record instead of the group\'s committed offset'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l force -d 'Read even where reading can dead-letter messages again (a RabbitMQ quorum DLQ with a delivery limit counts every read as a delivery)'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l full -d 'Show whole bodies and every header instead of a one-line preview'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -s q -l quiet -d 'Print no notes on stderr, only errors'
@@ -77,6 +78,7 @@ always\t''
 never\t''"
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -l config -d 'Config file with named targets and redaction rules [default: $XDG_CONFIG_HOME/dlqctl/config.toml]' -r -F
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -l skip-invalid -d 'Skip archive lines that are not dead letters, and report how many, instead of stopping'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -l from-beginning -d 'Kafka: read from the earliest retained record instead of the group\'s committed offset'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -l force -d 'Read even where reading can dead-letter messages again (a RabbitMQ quorum DLQ with a delivery limit counts every read as a delivery)'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -s q -l quiet -d 'Print no notes on stderr, only errors'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -91,6 +93,7 @@ always\t''
 never\t''"
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l config -d 'Config file with named targets and redaction rules [default: $XDG_CONFIG_HOME/dlqctl/config.toml]' -r -F
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l skip-invalid -d 'Skip archive lines that are not dead letters, and report how many, instead of stopping'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l from-beginning -d 'Kafka: read from the earliest retained record instead of the group\'s committed offset'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l force -d 'Read even where reading can dead-letter messages again (a RabbitMQ quorum DLQ with a delivery limit counts every read as a delivery)'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -s q -l quiet -d 'Print no notes on stderr, only errors'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -117,9 +120,11 @@ always\t''
 never\t''"
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l config -d 'Config file with named targets and redaction rules [default: $XDG_CONFIG_HOME/dlqctl/config.toml]' -r -F
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l skip-invalid -d 'Skip archive lines that are not dead letters, and report how many, instead of stopping'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l from-beginning -d 'Kafka: read from the earliest retained record instead of the group\'s committed offset'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l force -d 'Read even where reading can dead-letter messages again (a RabbitMQ quorum DLQ with a delivery limit counts every read as a delivery)'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l dry-run -d 'Print what would move, and change nothing beyond what reading costs'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -s y -l yes -d 'Do not ask for confirmation (required when there is no terminal to ask on)'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l keep-partition -d 'Kafka: produce each copy to its original partition instead of letting its key decide'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l status -d 'Show the DLQ\'s server-side move task and its progress, then exit'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l cancel -d 'Cancel the DLQ\'s running server-side move task, then exit'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -s q -l quiet -d 'Print no notes on stderr, only errors'

@@ -302,16 +302,6 @@ fn malformed_targets_are_usage_errors_naming_the_bad_part() {
 }
 
 #[test]
-fn unbuilt_backends_say_so() {
-    for target in ["kafka://localhost:9092/orders.DLT"] {
-        let o = run(&["peek", target]);
-        assert_exit(&o, 1);
-        let err = assert_one_line_error(&o);
-        assert!(err.contains("no ") && err.contains("backend yet"), "{err}");
-    }
-}
-
-#[test]
 fn named_targets_come_from_the_config_file() {
     let dir = tempfile::tempdir().unwrap();
     let config = temp_file(

@@ -1,0 +1,220 @@
+//! The Kafka backend against Tansu started by `scripts/brokers up`, from the command line.
+//! The seeded topics are only read; tests that move records use topics of their own.
+
+mod support;
+
+use std::collections::{BTreeMap, HashSet};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use dlqctl::model::{DeadLetter, Headers};
+use support::{Namespace, TestBroker, require, seed_counts};
+
+const KAFKA: &str = "kafka://127.0.0.1:9092";
+
+fn dlqctl(args: &[&str], state: &std::path::Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dlqctl"))
+        .args(args)
+        .env("XDG_STATE_HOME", state)
+        .env("XDG_CONFIG_HOME", "/nonexistent")
+        .env_remove("DLQCTL_CONFIG")
+        .output()
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[track_caller]
+fn ok(args: &[&str]) -> Output {
+    let state = tempfile::tempdir().unwrap();
+    let o = dlqctl(args, state.path());
+    assert_eq!(o.status.code(), Some(0), "{args:?}\nstdout:\n{}\nstderr:\n{}", text(&o.stdout), text(&o.stderr));
+    o
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o.stdout)))
+}
+
+fn records(o: &Output) -> Vec<DeadLetter> {
+    text(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn counts(report: &serde_json::Value, field: &str) -> BTreeMap<String, u64> {
+    report["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| (g[field].as_str().unwrap().to_owned(), g["count"].as_u64().unwrap()))
+        .collect()
+}
+
+fn letters(n: usize) -> Vec<DeadLetter> {
+    (0..n)
+        .map(|i| DeadLetter {
+            id: format!("l{i}"),
+            headers: Headers::new().with("seq", i as i64),
+            body: Some(format!("{{\"order\":{i},\"keep\":{}}}", i % 4 != 1).into_bytes()),
+            ..DeadLetter::default()
+        })
+        .collect()
+}
+
+/// The namespace's source topic (the DLT's original topic), read from the beginning.
+fn source_records(ns: &Namespace) -> Vec<DeadLetter> {
+    let source = ns.target.trim_end_matches(".DLT");
+    records(&ok(&["export", source, "--from-beginning", "-q"]))
+}
+
+fn pending(target: &str) -> u64 {
+    json(&ok(&["list", target, "-o", "json"]))["dlqs"][0]["depth"].as_u64().unwrap()
+}
+
+#[test]
+fn spring_headers_decode_with_binary_partition_and_offset() {
+    let Some(_) = require(TestBroker::Kafka) else { return };
+    let dlt = format!("{KAFKA}/orders.DLT");
+    let seed = &seed_counts()["kafka"]["dlts"]["orders.DLT"];
+    let by_exception = json(&ok(&["summarize", &dlt, "--by", "exception", "-o", "json", "-q", "--from-beginning"]));
+    let expected: BTreeMap<String, u64> = serde_json::from_value(seed["by_exception"].clone()).unwrap();
+    assert_eq!(counts(&by_exception, "exception"), expected);
+    let all = records(&ok(&["export", &dlt, "-q", "--from-beginning"]));
+    assert_eq!(all.len() as u64, seed["total"].as_u64().unwrap());
+    for l in &all {
+        assert_eq!(l.source.name.as_deref(), Some("orders"));
+        assert_eq!(l.source.partition, l.extras.get("partition").map(|p| p.to_string().parse().unwrap()));
+        assert!(l.source.offset.is_some_and(|o| o >= 1000), "{:?}", l.source);
+        assert!(l.reason.cause_class.is_some());
+    }
+    let nulls = all.iter().filter(|l| l.body.is_none()).count() as u64;
+    assert_eq!(nulls, seed["null_values"].as_u64().unwrap(), "null values stay null");
+    let keyless = all.iter().filter(|l| l.extras.get("key").is_none()).count() as u64;
+    assert_eq!(keyless, seed["null_keys"].as_u64().unwrap(), "null keys stay absent");
+    let partitions: HashSet<String> = all.iter().map(|l| l.extras.get("partition").unwrap().to_string()).collect();
+    assert_eq!(partitions.len(), 3);
+}
+
+#[test]
+fn connect_headers_decode() {
+    let Some(_) = require(TestBroker::Kafka) else { return };
+    let dlt = format!("{KAFKA}/dlq-orders-jdbc-sink");
+    let by_exception = json(&ok(&["summarize", &dlt, "--by", "exception", "-o", "json", "-q", "--from-beginning"]));
+    let expected: BTreeMap<String, u64> =
+        serde_json::from_value(seed_counts()["kafka"]["dlts"]["dlq-orders-jdbc-sink"]["by_exception"].clone()).unwrap();
+    assert_eq!(counts(&by_exception, "exception"), expected);
+    let by_source = json(&ok(&["summarize", &dlt, "--by", "source", "-o", "json", "-q", "--from-beginning"]));
+    assert_eq!(counts(&by_source, "source"), BTreeMap::from([("orders".into(), 10)]));
+}
+
+#[test]
+fn list_finds_dead_letter_topics_by_name() {
+    let Some(_) = require(TestBroker::Kafka) else { return };
+    let report = json(&ok(&["list", KAFKA, "-o", "json"]));
+    let names: HashSet<&str> = report["dlqs"].as_array().unwrap().iter().map(|d| d["name"].as_str().unwrap()).collect();
+    assert!(names.contains("orders.DLT") && names.contains("dlq-orders-jdbc-sink"), "{names:?}");
+    assert!(!names.contains("orders"), "a source topic is not a DLT");
+    let dlt = report["dlqs"].as_array().unwrap().iter().find(|d| d["name"] == "orders.DLT").unwrap();
+    assert_eq!(dlt["retention"], 14 * 86_400);
+    assert_eq!(dlt["sources"], serde_json::json!(["orders"]));
+    let custom = json(&ok(&["list", &format!("{KAFKA}?pattern=^orders$"), "-o", "json"]));
+    assert_eq!(custom["dlqs"].as_array().unwrap().len(), 1, "the pattern is configurable");
+}
+
+#[test]
+fn peek_has_no_side_effects_and_says_so() {
+    let Some(_) = require(TestBroker::Kafka) else { return };
+    let ns = Namespace::create(TestBroker::Kafka, &letters(5));
+    let before = pending(&ns.target);
+    let state = tempfile::tempdir().unwrap();
+    let o = dlqctl(&["peek", &ns.target, "-n", "3"], state.path());
+    assert!(text(&o.stderr).contains("without joining group"), "{}", text(&o.stderr));
+    assert_eq!(pending(&ns.target), before);
+    assert_eq!(before, 5);
+}
+
+#[test]
+fn a_thousand_records_at_200_per_second_none_lost_offsets_committed() {
+    let Some(_) = require(TestBroker::Kafka) else { return };
+    let ns = Namespace::create_kind(TestBroker::Kafka, "kafka-3", &letters(1000));
+    let started = Instant::now();
+    let o = ok(&["redrive", &ns.target, "--yes", "--rate", "200", "-o", "json", "-q"]);
+    assert_eq!(json(&o)["summary"]["moved"], 1000);
+    assert!(started.elapsed() >= Duration::from_millis(4_500), "the pace held: {:?}", started.elapsed());
+    assert_eq!(pending(&ns.target), 0, "offsets committed past every settled record");
+    let back = source_records(&ns);
+    let seqs: HashSet<String> = back.iter().map(|l| l.headers.get("seq").unwrap().to_string()).collect();
+    assert_eq!((back.len(), seqs.len()), (1000, 1000), "each record once");
+}
+
+#[test]
+fn keep_partition_sends_each_copy_to_its_original_partition() {
+    let Some(_) = require(TestBroker::Kafka) else { return };
+    let ns = Namespace::create_kind(TestBroker::Kafka, "kafka-3", &letters(9));
+    ok(&["redrive", &ns.target, "--yes", "--keep-partition", "--rate", "unlimited", "-q"]);
+    for l in source_records(&ns) {
+        assert_eq!(l.extras.get("partition").unwrap().to_string(), "0", "the fixture's original partition is 0");
+    }
+}
+
+#[test]
+fn skipped_records_stay_pending_and_the_others_are_not_sent_twice() {
+    let Some(_) = require(TestBroker::Kafka) else { return };
+    let ns = Namespace::create(TestBroker::Kafka, &letters(12));
+    let state = tempfile::tempdir().unwrap();
+    // Every fourth record (keep=false) is left behind; it holds its partition's commit back.
+    let o = dlqctl(&["redrive", &ns.target, "--where", "body.keep=true", "--yes", "-o", "json", "-q"], state.path());
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(json(&o)["summary"]["moved"], 9);
+    assert_eq!(source_records(&ns).len(), 9);
+    let checkpoint = std::fs::read_dir(state.path().join("dlqctl/runs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with(".checkpoint.jsonl"))
+        .unwrap();
+    // The next run (resuming from the checkpoint) sends only the three left behind.
+    let o = dlqctl(
+        &["redrive", &ns.target, "--yes", "-o", "json", "-q", "--resume", checkpoint.to_str().unwrap()],
+        state.path(),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let back = source_records(&ns);
+    let seqs: HashSet<String> = back.iter().map(|l| l.headers.get("seq").unwrap().to_string()).collect();
+    assert_eq!((back.len(), seqs.len()), (12, 12), "nothing sent twice");
+    assert_eq!(pending(&ns.target), 0);
+}
+
+#[test]
+fn a_missing_destination_topic_stops_the_run_and_commits_nothing_past_it() {
+    let Some(_) = require(TestBroker::Kafka) else { return };
+    let ns = Namespace::create_kind(TestBroker::Kafka, "kafka-orphan", &letters(20));
+    let state = tempfile::tempdir().unwrap();
+    let o = dlqctl(&["redrive", &ns.target, "--yes", "-o", "json"], state.path());
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(err.contains("in a row"), "{err}");
+    assert_eq!(json(&o)["summary"]["moved"], 0);
+    assert_eq!(pending(&ns.target), 20, "nothing committed");
+}
+
+#[test]
+fn an_unreachable_bootstrap_is_a_one_line_error_in_bounded_time() {
+    let state = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let o = dlqctl(&["peek", "kafka://127.0.0.1:1/orders.DLT"], state.path());
+    assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("cannot reach Kafka") && err.contains("127.0.0.1:1"), "{err}");
+}
+
+#[test]
+fn a_missing_topic_is_a_one_line_error() {
+    let Some(_) = require(TestBroker::Kafka) else { return };
+    let state = tempfile::tempdir().unwrap();
+    let o = dlqctl(&["peek", &format!("{KAFKA}/no-such-topic.DLT")], state.path());
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o.stderr).contains("does not exist"), "{}", text(&o.stderr));
+}
