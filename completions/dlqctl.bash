@@ -22,6 +22,9 @@ _dlqctl() {
             dlqctl,help)
                 cmd="dlqctl__subcmd__help"
                 ;;
+            dlqctl,lint)
+                cmd="dlqctl__subcmd__lint"
+                ;;
             dlqctl,list)
                 cmd="dlqctl__subcmd__list"
                 ;;
@@ -39,6 +42,9 @@ _dlqctl() {
                 ;;
             dlqctl__subcmd__help,help)
                 cmd="dlqctl__subcmd__help__subcmd__help"
+                ;;
+            dlqctl__subcmd__help,lint)
+                cmd="dlqctl__subcmd__help__subcmd__lint"
                 ;;
             dlqctl__subcmd__help,list)
                 cmd="dlqctl__subcmd__help__subcmd__list"
@@ -59,7 +65,7 @@ _dlqctl() {
 
     case "${cmd}" in
         dlqctl)
-            opts="-o -q -h -V --output --color --config --quiet --help --version list peek summarize export redrive help"
+            opts="-o -q -h -V --output --color --config --quiet --help --version list peek summarize export redrive lint help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -135,7 +141,7 @@ _dlqctl() {
             return 0
             ;;
         dlqctl__subcmd__help)
-            opts="list peek summarize export redrive help"
+            opts="list peek summarize export redrive lint help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -163,6 +169,20 @@ _dlqctl() {
             return 0
             ;;
         dlqctl__subcmd__help__subcmd__help)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        dlqctl__subcmd__help__subcmd__lint)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -225,6 +245,60 @@ _dlqctl() {
                 return 0
             fi
             case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        dlqctl__subcmd__lint)
+            opts="-o -q -h --broker --template --rules --alerts --format --fail-on --output --color --config --quiet --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --broker)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --template)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --rules)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --alerts)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --format)
+                    COMPREPLY=($(compgen -W "text json sarif" -- "${cur}"))
+                    return 0
+                    ;;
+                --fail-on)
+                    COMPREPLY=($(compgen -W "note warning error" -- "${cur}"))
+                    return 0
+                    ;;
+                --output)
+                    COMPREPLY=($(compgen -W "table json" -- "${cur}"))
+                    return 0
+                    ;;
+                -o)
+                    COMPREPLY=($(compgen -W "table json" -- "${cur}"))
+                    return 0
+                    ;;
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;

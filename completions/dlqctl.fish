@@ -38,6 +38,7 @@ complete -c dlqctl -n "__fish_dlqctl_needs_command" -f -a "peek" -d 'Look at dea
 complete -c dlqctl -n "__fish_dlqctl_needs_command" -f -a "summarize" -d 'Count dead letters by reason, source, exception or age'
 complete -c dlqctl -n "__fish_dlqctl_needs_command" -f -a "export" -d 'Stream every dead letter as JSONL, with bounded memory'
 complete -c dlqctl -n "__fish_dlqctl_needs_command" -f -a "redrive" -d 'Move dead letters back to their source (or --to elsewhere), safely: plan, confirm, throttle, confirm-before-settle, audit log, resumable'
+complete -c dlqctl -n "__fish_dlqctl_needs_command" -f -a "lint" -d 'Check DLQ configuration and alerting, live or from templates and rule files (exit 3 on findings)'
 complete -c dlqctl -n "__fish_dlqctl_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand list" -s o -l output -d 'Output format' -r -f -a "table\t'Aligned columns for a terminal'
 json\t'Stable JSON: one object for reports, one line per message for streams'"
@@ -129,9 +130,28 @@ complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l status -d 'Sho
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l cancel -d 'Cancel the DLQ\'s running server-side move task, then exit'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -s q -l quiet -d 'Print no notes on stderr, only errors'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c dlqctl -n "__fish_dlqctl_using_subcommand help; and not __fish_seen_subcommand_from list peek summarize export redrive help" -f -a "list" -d 'Discover DLQs and the queues that feed them (for an archive: its one-line description)'
-complete -c dlqctl -n "__fish_dlqctl_using_subcommand help; and not __fish_seen_subcommand_from list peek summarize export redrive help" -f -a "peek" -d 'Look at dead letters without consuming them'
-complete -c dlqctl -n "__fish_dlqctl_using_subcommand help; and not __fish_seen_subcommand_from list peek summarize export redrive help" -f -a "summarize" -d 'Count dead letters by reason, source, exception or age'
-complete -c dlqctl -n "__fish_dlqctl_using_subcommand help; and not __fish_seen_subcommand_from list peek summarize export redrive help" -f -a "export" -d 'Stream every dead letter as JSONL, with bounded memory'
-complete -c dlqctl -n "__fish_dlqctl_using_subcommand help; and not __fish_seen_subcommand_from list peek summarize export redrive help" -f -a "redrive" -d 'Move dead letters back to their source (or --to elsewhere), safely: plan, confirm, throttle, confirm-before-settle, audit log, resumable'
-complete -c dlqctl -n "__fish_dlqctl_using_subcommand help; and not __fish_seen_subcommand_from list peek summarize export redrive help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand lint" -l broker -d 'A broker to inventory live (repeatable): sqs:// (?prefix=), rabbitmq://USER:PASS@HOST:PORT/VHOST, kafka://HOST:PORT' -r
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand lint" -l template -d 'A CloudFormation template (YAML or JSON) declaring SQS queues and CloudWatch alarms (repeatable)' -r -F
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand lint" -l rules -d 'A Prometheus rule file whose alerting rules watch DLQs by label (repeatable)' -r -F
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand lint" -l alerts -d 'A dlqctl alert file (TOML) describing alerts kept elsewhere (repeatable)' -r -F
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand lint" -l format -d 'Report format (-o json also selects json)' -r -f -a "text\t''
+json\t''
+sarif\t'SARIF 2.1.0, for GitHub code scanning'"
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand lint" -l fail-on -d 'Exit 3 when an unwaived finding is at least this severe' -r -f -a "note\t''
+warning\t''
+error\t''"
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand lint" -s o -l output -d 'Output format' -r -f -a "table\t'Aligned columns for a terminal'
+json\t'Stable JSON: one object for reports, one line per message for streams'"
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand lint" -l color -d 'When to colour output' -r -f -a "auto\t'Colour when stdout is a terminal and NO_COLOR is not set'
+always\t''
+never\t''"
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand lint" -l config -d 'Config file with named targets and redaction rules [default: $XDG_CONFIG_HOME/dlqctl/config.toml]' -r -F
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand lint" -s q -l quiet -d 'Print no notes on stderr, only errors'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand lint" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand help; and not __fish_seen_subcommand_from list peek summarize export redrive lint help" -f -a "list" -d 'Discover DLQs and the queues that feed them (for an archive: its one-line description)'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand help; and not __fish_seen_subcommand_from list peek summarize export redrive lint help" -f -a "peek" -d 'Look at dead letters without consuming them'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand help; and not __fish_seen_subcommand_from list peek summarize export redrive lint help" -f -a "summarize" -d 'Count dead letters by reason, source, exception or age'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand help; and not __fish_seen_subcommand_from list peek summarize export redrive lint help" -f -a "export" -d 'Stream every dead letter as JSONL, with bounded memory'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand help; and not __fish_seen_subcommand_from list peek summarize export redrive lint help" -f -a "redrive" -d 'Move dead letters back to their source (or --to elsewhere), safely: plan, confirm, throttle, confirm-before-settle, audit log, resumable'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand help; and not __fish_seen_subcommand_from list peek summarize export redrive lint help" -f -a "lint" -d 'Check DLQ configuration and alerting, live or from templates and rule files (exit 3 on findings)'
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand help; and not __fish_seen_subcommand_from list peek summarize export redrive lint help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

@@ -67,6 +67,8 @@ pub enum Command {
     /// Move dead letters back to their source (or --to elsewhere), safely: plan, confirm,
     /// throttle, confirm-before-settle, audit log, resumable.
     Redrive(RedriveArgs),
+    /// Check DLQ configuration and alerting, live or from templates and rule files (exit 3 on findings).
+    Lint(LintArgs),
 }
 
 /// What every reading verb takes.
@@ -256,4 +258,40 @@ pub enum Mode {
     Auto,
     Server,
     Client,
+}
+
+#[derive(Debug, Args)]
+pub struct LintArgs {
+    /// A broker to inventory live (repeatable): sqs:// (?prefix=), rabbitmq://USER:PASS@HOST:PORT/VHOST,
+    /// kafka://HOST:PORT.
+    #[arg(long = "broker", value_name = "TARGET")]
+    pub brokers: Vec<String>,
+
+    /// A CloudFormation template (YAML or JSON) declaring SQS queues and CloudWatch alarms (repeatable).
+    #[arg(long = "template", value_name = "FILE")]
+    pub templates: Vec<PathBuf>,
+
+    /// A Prometheus rule file whose alerting rules watch DLQs by label (repeatable).
+    #[arg(long = "rules", value_name = "FILE")]
+    pub rules: Vec<PathBuf>,
+
+    /// A dlqctl alert file (TOML) describing alerts kept elsewhere (repeatable).
+    #[arg(long = "alerts", value_name = "FILE")]
+    pub alerts: Vec<PathBuf>,
+
+    /// Report format (-o json also selects json).
+    #[arg(long, value_enum, default_value_t = LintFormat::Text)]
+    pub format: LintFormat,
+
+    /// Exit 3 when an unwaived finding is at least this severe.
+    #[arg(long, value_enum, default_value_t = crate::lint::rules::Severity::Warning)]
+    pub fail_on: crate::lint::rules::Severity,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LintFormat {
+    Text,
+    Json,
+    /// SARIF 2.1.0, for GitHub code scanning.
+    Sarif,
 }

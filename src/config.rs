@@ -25,6 +25,9 @@ pub struct Config {
     pub targets: BTreeMap<String, NamedTarget>,
     #[serde(default)]
     pub redact: RedactConfig,
+    /// Thresholds, severities and waivers for `lint`.
+    #[serde(default)]
+    pub lint: crate::lint::LintConfig,
     /// Where the file came from, for error messages.
     #[serde(skip)]
     path: Option<PathBuf>,

@@ -31,6 +31,7 @@ use super::{
     Route, Sink,
 };
 use crate::error::{Error, Result};
+use crate::lint::{Inventory, QueueFacts};
 use crate::model::{BrokerKind, DeadLetter, Headers, Reason, ReasonKind, Source, Value};
 use crate::target::KafkaTarget;
 
@@ -430,17 +431,8 @@ impl Broker for KafkaBroker {
         if let Some(topic) = &self.target.topic {
             return Ok(vec![self.describe_topic(topic, true).await?]);
         }
-        let consumer = self.consumer()?;
-        let metadata = consumer
-            .fetch_metadata(None, TIMEOUT)
-            .map_err(|e| Error::Runtime(format!("cannot list topics of {}: {e}", self.shown)))?;
-        let pattern = Regex::new(self.target.pattern.as_deref().unwrap_or(DEFAULT_DLT_PATTERN))
-            .map_err(|e| Error::Usage(format!("?pattern= is not a regular expression: {e}")))?;
-        let mut names: Vec<String> =
-            metadata.topics().iter().map(|t| t.name().to_owned()).filter(|n| pattern.is_match(n)).collect();
-        names.sort();
         let mut out = Vec::new();
-        for name in names {
+        for name in self.dead_letter_topics()? {
             out.push(self.describe_topic(&name, true).await?);
         }
         Ok(out)
@@ -546,6 +538,22 @@ impl Broker for KafkaBroker {
         Ok(())
     }
 
+    async fn lint_inventory(&self) -> Result<Inventory> {
+        let mut queues = Vec::new();
+        for topic in self.dead_letter_topics()? {
+            let (retention, cleanup) = self.topic_config(&topic).await;
+            queues.push(QueueFacts {
+                broker: "kafka",
+                name: topic,
+                is_dlq: true,
+                retention: retention.filter(|ms| *ms >= 0).map(|ms| Duration::from_millis(ms as u64)),
+                cleanup_policy: cleanup,
+                ..QueueFacts::default()
+            });
+        }
+        Ok(Inventory { queues, alarms: Vec::new() })
+    }
+
     fn source_destination(&self, letter: &DeadLetter) -> Option<Destination> {
         let topic = letter.source.name.clone()?;
         let partition = if self.options.keep_partition { letter.source.partition } else { None };
@@ -572,6 +580,20 @@ impl Broker for KafkaBroker {
 }
 
 impl KafkaBroker {
+    /// The topics whose names say they are dead-letter topics (`?pattern=` or the default rule).
+    fn dead_letter_topics(&self) -> Result<Vec<String>> {
+        let consumer = self.consumer()?;
+        let metadata = consumer
+            .fetch_metadata(None, TIMEOUT)
+            .map_err(|e| Error::Runtime(format!("cannot list topics of {}: {e}", self.shown)))?;
+        let pattern = Regex::new(self.target.pattern.as_deref().unwrap_or(DEFAULT_DLT_PATTERN))
+            .map_err(|e| Error::Usage(format!("?pattern= is not a regular expression: {e}")))?;
+        let mut names: Vec<String> =
+            metadata.topics().iter().map(|t| t.name().to_owned()).filter(|n| pattern.is_match(n)).collect();
+        names.sort();
+        Ok(names)
+    }
+
     async fn describe_topic(&self, topic: &str, sample_sources: bool) -> Result<Description> {
         let consumer = self.consumer()?;
         let marks = self.watermarks(&consumer, topic).await?;

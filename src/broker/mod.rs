@@ -212,6 +212,12 @@ pub trait Broker: Send + Sync {
         Ok(())
     }
 
+    /// What `lint` checks: every queue a broker-level target can see, with its alarms where
+    /// the broker keeps them (CloudWatch for SQS).
+    async fn lint_inventory(&self) -> Result<crate::lint::Inventory> {
+        Err(self.not_supported("describe its configuration for lint"))
+    }
+
     /// Caveats learned while reading (lines skipped, scan incomplete), shown after a verb's output.
     fn read_notes(&self) -> Vec<String> {
         Vec::new()

@@ -29,6 +29,7 @@ use super::{
     Route, Sink,
 };
 use crate::error::{Error, Result};
+use crate::lint::{Inventory, QueueFacts};
 use crate::model::{BrokerKind, DeadLetter, Headers, Reason, ReasonKind, Source, Value};
 use crate::target::RabbitmqTarget;
 
@@ -187,18 +188,22 @@ impl RabbitmqBroker {
                     .map(|b| b.destination.clone())
                     .collect()
             } else {
-                topology.problems.push(format!(
-                    "{} dead-letters to exchange {dlx:?}, which does not exist: its dead letters are dropped",
-                    source.name
-                ));
+                let why =
+                    format!("dead-letters to exchange {dlx:?}, which does not exist: its dead letters are dropped");
+                topology.problems.push(format!("{} {why}", source.name));
+                topology.dropped.insert(source.name.clone(), why);
                 continue;
             };
             if targets.is_empty() {
-                topology.problems.push(format!(
-                    "{} dead-letters to {} but no queue is bound for its messages: they are dropped",
-                    source.name,
+                let why = format!(
+                    "dead-letters to {} but no queue is bound for its messages: they are dropped",
                     if dlx.is_empty() { "the default exchange".to_owned() } else { format!("exchange {dlx:?}") }
-                ));
+                );
+                topology.problems.push(format!("{} {why}", source.name));
+                topology.dropped.insert(source.name.clone(), why);
+            }
+            if let Some(first) = targets.first() {
+                topology.dlq_of.insert(source.name.clone(), first.clone());
             }
             for t in targets {
                 topology.sources.entry(t).or_default().insert(source.name.clone());
@@ -522,6 +527,35 @@ impl Broker for RabbitmqBroker {
                 .map_err(|e| Error::Runtime(format!("requeueing in {}: {}", self.shown, amqp_error(&e))))?;
         }
         Ok(())
+    }
+
+    async fn lint_inventory(&self) -> Result<Inventory> {
+        let topology = self.topology().await?;
+        let queues = topology
+            .queues
+            .iter()
+            .map(|q| {
+                let is_dlq = topology.sources.contains_key(&q.name);
+                let text = |arg: &str, policy: &str| q.setting(arg, policy).and_then(|v| v.as_str().map(str::to_owned));
+                QueueFacts {
+                    broker: "rabbitmq",
+                    name: q.name.clone(),
+                    is_dlq,
+                    dlq: topology.dlq_of.get(&q.name).cloned(),
+                    needs_dlq: !is_dlq,
+                    retention: q
+                        .setting("x-message-ttl", "message-ttl")
+                        .and_then(|v| v.as_u64())
+                        .map(Duration::from_millis),
+                    quorum: q.kind == "quorum",
+                    delivery_limit: q.setting("x-delivery-limit", "delivery-limit").and_then(|v| v.as_i64()),
+                    dead_letter_strategy: text("x-dead-letter-strategy", "dead-letter-strategy"),
+                    dead_letters_dropped: topology.dropped.get(&q.name).cloned(),
+                    ..QueueFacts::default()
+                }
+            })
+            .collect();
+        Ok(Inventory { queues, alarms: Vec::new() })
     }
 
     fn source_destination(&self, letter: &DeadLetter) -> Option<Destination> {
@@ -859,6 +893,10 @@ struct Topology {
     queues: Vec<ApiQueue>,
     /// DLQ name -> the queues that dead-letter into it.
     sources: BTreeMap<String, BTreeSet<String>>,
+    /// Source -> the (first) DLQ its dead letters reach.
+    dlq_of: BTreeMap<String, String>,
+    /// Source -> why its dead letters are dropped.
+    dropped: BTreeMap<String, String>,
     problems: Vec<String>,
 }
 

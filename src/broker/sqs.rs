@@ -32,6 +32,7 @@ use super::{
     Received, Route, Sink,
 };
 use crate::error::{Error, Result};
+use crate::lint::{AlarmFacts, AlarmKind, DLQ_NAME, Inventory, QueueFacts};
 use crate::model::{BrokerKind, DeadLetter, Headers, Reason, ReasonKind, Source, Value};
 use crate::target::{SqsQueue, SqsTarget};
 
@@ -55,6 +56,8 @@ const ATTRIBUTE_TYPES: &str = "attribute_types";
 pub struct SqsBroker {
     target: SqsTarget,
     shown: String,
+    /// Kept for the CloudWatch client `lint` needs.
+    config: aws_config::SdkConfig,
     client: Client,
     queue_url: OnceCell<String>,
     /// Receipt handles of received messages, by the token their `Handle` carries.
@@ -96,6 +99,7 @@ impl SqsBroker {
             target: target.clone(),
             shown,
             client: Client::new(&config),
+            config,
             queue_url: OnceCell::new(),
             receipts: Mutex::new(HashMap::new()),
             next_token: AtomicU64::new(0),
@@ -533,30 +537,7 @@ impl Broker for SqsBroker {
         if self.target.queue.is_some() {
             return Ok(vec![self.describe().await?]);
         }
-        let mut urls = Vec::new();
-        let mut token = None;
-        loop {
-            let out = self
-                .client
-                .list_queues()
-                .set_queue_name_prefix(self.target.prefix.clone())
-                .set_next_token(token)
-                .max_results(1000)
-                .send()
-                .await
-                .map_err(|e| self.failed("listing queues of", e))?;
-            urls.extend(out.queue_urls().iter().cloned());
-            token = out.next_token().map(str::to_owned);
-            if token.is_none() {
-                break;
-            }
-        }
-        let mut queues = BTreeMap::new();
-        for url in &urls {
-            let attrs = self.attributes(url).await?;
-            let arn = attrs.get(&QueueAttributeName::QueueArn).cloned().unwrap_or_default();
-            queues.insert(arn, (url.clone(), attrs));
-        }
+        let queues = self.all_queues().await?;
         // DLQ ARN -> its sources' "name (maxReceiveCount N, retention R)".
         let mut sources: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (url, attrs) in queues.values() {
@@ -773,6 +754,36 @@ impl Broker for SqsBroker {
         self.make_visible(&url, &held).await
     }
 
+    async fn lint_inventory(&self) -> Result<Inventory> {
+        let queues = self.all_queues().await?;
+        let dlq_name = regex::Regex::new(DLQ_NAME).expect("valid");
+        let name_of_arn =
+            |arn: &str| queues.get(arn).map_or_else(|| arn_parts(arn).1.to_owned(), |(u, _)| queue_name(u).to_owned());
+        let mut facts: Vec<QueueFacts> = queues
+            .values()
+            .map(|(url, attrs)| {
+                let policy = attrs
+                    .get(&QueueAttributeName::RedrivePolicy)
+                    .and_then(|p| serde_json::from_str::<serde_json::Value>(p).ok());
+                QueueFacts {
+                    broker: "sqs",
+                    name: queue_name(url).to_owned(),
+                    dlq: policy.as_ref().and_then(|p| p["deadLetterTargetArn"].as_str()).map(name_of_arn),
+                    retention: seconds_attr(attrs, QueueAttributeName::MessageRetentionPeriod),
+                    max_receive_count: policy.as_ref().and_then(max_receive_count),
+                    fifo: url.ends_with(".fifo"),
+                    ..QueueFacts::default()
+                }
+            })
+            .collect();
+        let targets: HashSet<String> = facts.iter().filter_map(|q| q.dlq.clone()).collect();
+        for q in &mut facts {
+            q.is_dlq = targets.contains(&q.name) || dlq_name.is_match(&q.name);
+            q.needs_dlq = !q.is_dlq;
+        }
+        Ok(Inventory { queues: facts, alarms: self.alarms().await? })
+    }
+
     fn read_notes(&self) -> Vec<String> {
         let Some((read, approximate, onward)) = *self.read.lock().expect("not poisoned") else { return Vec::new() };
         let mut notes = Vec::new();
@@ -851,6 +862,81 @@ impl Broker for SqsBroker {
 }
 
 impl SqsBroker {
+    /// Every queue of the account and region (under `?prefix=`), by ARN, with its attributes.
+    async fn all_queues(&self) -> Result<BTreeMap<String, (String, HashMap<QueueAttributeName, String>)>> {
+        let mut urls = Vec::new();
+        let mut token = None;
+        loop {
+            let out = self
+                .client
+                .list_queues()
+                .set_queue_name_prefix(self.target.prefix.clone())
+                .set_next_token(token)
+                .max_results(1000)
+                .send()
+                .await
+                .map_err(|e| self.failed("listing queues of", e))?;
+            urls.extend(out.queue_urls().iter().cloned());
+            token = out.next_token().map(str::to_owned);
+            if token.is_none() {
+                break;
+            }
+        }
+        let mut queues = BTreeMap::new();
+        for url in urls {
+            let attrs = self.attributes(&url).await?;
+            let arn = attrs.get(&QueueAttributeName::QueueArn).cloned().unwrap_or_default();
+            queues.insert(arn, (url, attrs));
+        }
+        Ok(queues)
+    }
+
+    /// The CloudWatch alarms on SQS queue metrics that `lint` understands.
+    async fn alarms(&self) -> Result<Vec<AlarmFacts>> {
+        let cloudwatch = aws_sdk_cloudwatch::Client::new(&self.config);
+        let mut out = Vec::new();
+        let mut token = None;
+        loop {
+            let page = cloudwatch
+                .describe_alarms()
+                .set_next_token(token)
+                .send()
+                .await
+                .map_err(|e| Error::Runtime(format!("listing CloudWatch alarms: {}", DisplayErrorContext(&e))))?;
+            for a in page.metric_alarms() {
+                if a.namespace() != Some("AWS/SQS") {
+                    continue;
+                }
+                let kind = match a.metric_name().unwrap_or_default() {
+                    "ApproximateNumberOfMessagesVisible" | "ApproximateNumberOfMessages" => AlarmKind::Depth,
+                    "ApproximateAgeOfOldestMessage" => AlarmKind::Age,
+                    _ => continue,
+                };
+                let Some(queue) = a.dimensions().iter().find(|d| d.name() == Some("QueueName")).and_then(|d| d.value())
+                else {
+                    continue;
+                };
+                let inclusive = a.comparison_operator().is_some_and(|c| c.as_str().contains("OrEqual"));
+                out.push(AlarmFacts {
+                    name: a.alarm_name().unwrap_or_default().to_owned(),
+                    queue: queue.to_owned(),
+                    pattern: false,
+                    kind,
+                    threshold: a.threshold().map(|t| if inclusive { t - 1.0 } else { t }),
+                    window: a.period().map(|p| {
+                        Duration::from_secs((p.max(0) as u64) * a.evaluation_periods().unwrap_or(1).max(1) as u64)
+                    }),
+                    location: None,
+                    inline_waivers: Vec::new(),
+                });
+            }
+            token = page.next_token().map(str::to_owned);
+            if token.is_none() {
+                return Ok(out);
+            }
+        }
+    }
+
     fn take_receipts(&self, handles: &[Handle]) -> Vec<String> {
         let mut receipts = self.receipts.lock().expect("not poisoned");
         handles

@@ -18,6 +18,7 @@ use crate::redrive::select::{ReasonFrom, Selection};
 use crate::target::Target;
 
 mod export;
+mod lint;
 mod list;
 mod peek;
 mod redrive;
@@ -117,6 +118,7 @@ fn execute(cli: Cli) -> Result<()> {
             Command::Summarize(args) => summarize::run(&mut ctx, args).await,
             Command::Export(args) => export::run(&mut ctx, args).await,
             Command::Redrive(args) => redrive::run(&mut ctx, args).await,
+            Command::Lint(args) => lint::run(&mut ctx, args).await,
         }
     })?;
     ctx.out.finish()
