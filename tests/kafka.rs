@@ -4,52 +4,17 @@
 mod support;
 
 use std::collections::{BTreeMap, HashSet};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use dlqctl::model::{DeadLetter, Headers};
-use support::{Namespace, TestBroker, require, seed_counts};
-
-const KAFKA: &str = "kafka://127.0.0.1:9092";
+use support::{Namespace, TestBroker, counts, json, ok, records, require, seed_counts, text};
 
 fn dlqctl(args: &[&str], state: &std::path::Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dlqctl"))
-        .args(args)
-        .env("XDG_STATE_HOME", state)
-        .env("XDG_CONFIG_HOME", "/nonexistent")
-        .env_remove("DLQCTL_CONFIG")
-        .output()
-        .unwrap()
+    support::dlqctl(state).args(args).output().unwrap()
 }
 
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-#[track_caller]
-fn ok(args: &[&str]) -> Output {
-    let state = tempfile::tempdir().unwrap();
-    let o = dlqctl(args, state.path());
-    assert_eq!(o.status.code(), Some(0), "{args:?}\nstdout:\n{}\nstderr:\n{}", text(&o.stdout), text(&o.stderr));
-    o
-}
-
-fn json(o: &Output) -> serde_json::Value {
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o.stdout)))
-}
-
-fn records(o: &Output) -> Vec<DeadLetter> {
-    text(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-}
-
-fn counts(report: &serde_json::Value, field: &str) -> BTreeMap<String, u64> {
-    report["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|g| (g[field].as_str().unwrap().to_owned(), g["count"].as_u64().unwrap()))
-        .collect()
-}
+const KAFKA: &str = "kafka://127.0.0.1:9092";
 
 fn letters(n: usize) -> Vec<DeadLetter> {
     (0..n)

@@ -4,35 +4,14 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::process::{Command, Output};
+use std::process::Output;
 
-use support::{TestBroker, require};
+use support::{TestBroker, json, require, run as dlqctl, text};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/lint");
 
 fn fixture(name: &str) -> String {
     format!("{FIXTURES}/{name}")
-}
-
-fn dlqctl(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dlqctl"))
-        .args(args)
-        .env("XDG_CONFIG_HOME", "/nonexistent")
-        .env_remove("DLQCTL_CONFIG")
-        .env("AWS_ACCESS_KEY_ID", "test")
-        .env("AWS_SECRET_ACCESS_KEY", "test")
-        .env("AWS_REGION", "us-east-1")
-        .env("AWS_ENDPOINT_URL", "http://127.0.0.1:4566")
-        .output()
-        .unwrap()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn json(o: &Output) -> serde_json::Value {
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o.stdout)))
 }
 
 /// (rule, queue, waived) of every finding.

@@ -5,53 +5,14 @@
 mod support;
 
 use std::collections::{BTreeMap, HashSet};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use dlqctl::model::{DeadLetter, Headers, Value};
 use dlqctl::redrive::REDRIVE_COUNT_HEADER;
-use support::{Namespace, TestBroker, require, seed_counts};
+use support::{Namespace, TestBroker, counts, json, ok, records, require, run as dlqctl, seed_counts, text};
 
 const SEED: &str = "rabbitmq://guest:guest@127.0.0.1:5672/seed";
-
-fn dlqctl(args: &[&str]) -> Output {
-    let state = tempfile::tempdir().unwrap();
-    Command::new(env!("CARGO_BIN_EXE_dlqctl"))
-        .args(args)
-        .env("XDG_STATE_HOME", state.path())
-        .env("XDG_CONFIG_HOME", "/nonexistent")
-        .env_remove("DLQCTL_CONFIG")
-        .output()
-        .unwrap()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-#[track_caller]
-fn ok(args: &[&str]) -> Output {
-    let o = dlqctl(args);
-    assert_eq!(o.status.code(), Some(0), "{args:?}\nstdout:\n{}\nstderr:\n{}", text(&o.stdout), text(&o.stderr));
-    o
-}
-
-fn json(o: &Output) -> serde_json::Value {
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o.stdout)))
-}
-
-fn records(o: &Output) -> Vec<DeadLetter> {
-    text(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-}
-
-fn counts(report: &serde_json::Value, field: &str) -> BTreeMap<String, u64> {
-    report["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|g| (g[field].as_str().unwrap().to_owned(), g["count"].as_u64().unwrap()))
-        .collect()
-}
 
 fn seeded(field: &str) -> BTreeMap<String, u64> {
     serde_json::from_value(seed_counts()["rabbitmq"][field].clone()).unwrap()
@@ -71,6 +32,11 @@ fn management(method: &str, path: &str, body: Option<&str>) {
     }
     let status = cmd.arg(format!("http://127.0.0.1:15672/api/{path}")).status().unwrap();
     assert!(status.success(), "{method} {path}");
+}
+
+/// The vhost a fixture namespace lives in (its name, percent-encoded as in its target).
+fn vhost_of(ns: &Namespace) -> String {
+    ns.target.trim_end_matches("/dlq").rsplit('/').next().unwrap().to_owned()
 }
 
 fn letters(n: usize) -> Vec<DeadLetter> {
@@ -149,7 +115,7 @@ fn a_missing_dlx_and_an_unbounded_quorum_queue_are_flagged() {
         return;
     };
     let ns = Namespace::create(TestBroker::Rabbitmq, &letters(1));
-    let vhost = ns.target.trim_end_matches("/dlq").rsplit('/').next().unwrap().to_owned();
+    let vhost = vhost_of(&ns);
     management(
         "PUT",
         &format!("queues/{vhost}/lost"),
@@ -280,7 +246,7 @@ fn a_deleted_destination_exchange_stops_the_run_and_loses_nothing() {
         return;
     };
     let ns = Namespace::create_kind(TestBroker::Rabbitmq, "rabbitmq-exchange", &letters(200));
-    let vhost = ns.target.trim_end_matches("/dlq").rsplit('/').next().unwrap().to_owned();
+    let vhost = vhost_of(&ns);
     let state = tempfile::tempdir().unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_dlqctl"))
         .args(["redrive", &ns.target, "--yes", "--rate", "50", "-o", "json", "-q"])
@@ -317,7 +283,7 @@ fn credentials_never_appear_in_output_or_errors() {
         return;
     };
     let ns = Namespace::create(TestBroker::Rabbitmq, &letters(3));
-    let vhost = ns.target.trim_end_matches("/dlq").rsplit('/').next().unwrap().to_owned();
+    let vhost = vhost_of(&ns);
     let password = "pw-9f3c1e-never-print";
     let user = format!("user-{vhost}");
     management("PUT", &format!("users/{user}"), Some(&format!(r#"{{"password":"{password}","tags":"management"}}"#)));
@@ -354,7 +320,7 @@ fn a_quorum_dlq_with_a_delivery_limit_is_read_only_with_force() {
         return;
     };
     let ns = Namespace::create(TestBroker::Rabbitmq, &letters(1));
-    let vhost = ns.target.trim_end_matches("/dlq").rsplit('/').next().unwrap().to_owned();
+    let vhost = vhost_of(&ns);
     management(
         "PUT",
         &format!("queues/{vhost}/qdlq"),

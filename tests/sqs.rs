@@ -4,55 +4,14 @@
 mod support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use dlqctl::model::{DeadLetter, Headers, Value};
-use support::{Namespace, TestBroker, require, seed_counts};
+use support::{Namespace, TestBroker, counts, json, ok, records, require, seed_counts, text};
 
 fn dlqctl_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     let state = tempfile::tempdir().unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dlqctl"));
-    cmd.args(args)
-        .env("XDG_STATE_HOME", state.path())
-        .env("XDG_CONFIG_HOME", "/nonexistent")
-        .env_remove("DLQCTL_CONFIG")
-        .env("AWS_ACCESS_KEY_ID", "test")
-        .env("AWS_SECRET_ACCESS_KEY", "test")
-        .env("AWS_REGION", "us-east-1")
-        .env("AWS_ENDPOINT_URL", "http://127.0.0.1:4566")
-        .env_remove("AWS_PROFILE");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.output().unwrap()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-#[track_caller]
-fn ok(args: &[&str]) -> Output {
-    let o = dlqctl_env(args, &[]);
-    assert_eq!(o.status.code(), Some(0), "{args:?}\nstdout:\n{}\nstderr:\n{}", text(&o.stdout), text(&o.stderr));
-    o
-}
-
-fn json(o: &Output) -> serde_json::Value {
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o.stdout)))
-}
-
-fn records(o: &Output) -> Vec<DeadLetter> {
-    text(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-}
-
-fn counts(report: &serde_json::Value, field: &str) -> BTreeMap<String, u64> {
-    report["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|g| (g[field].as_str().unwrap().to_owned(), g["count"].as_u64().unwrap()))
-        .collect()
+    support::dlqctl(state.path()).args(args).envs(env.iter().copied()).output().unwrap()
 }
 
 fn letters(n: usize) -> Vec<DeadLetter> {

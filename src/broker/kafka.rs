@@ -8,7 +8,7 @@
 //! settled", so a message left behind (skipped, failed) holds its partition's commit back; the
 //! settled offsets beyond it travel in the commit's metadata, and later runs skip them.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -28,7 +28,7 @@ use regex::Regex;
 
 use super::{
     Broker, Capabilities, Description, Destination, Failure, Handle, LetterStream, OpenOptions, PublishError, Received,
-    Route, Sink,
+    Route, Sink, Tokens,
 };
 use crate::error::{Error, Result};
 use crate::lint::{Inventory, QueueFacts};
@@ -54,9 +54,8 @@ pub struct KafkaBroker {
     taker: tokio::sync::Mutex<Option<Reader>>,
     /// Per partition: the offset to commit next, and settled offsets beyond it.
     commits: Mutex<BTreeMap<i32, Commit>>,
-    /// (partition, offset) of handed-out messages, by the token their `Handle` carries.
-    handed: Mutex<HashMap<u64, (i32, i64)>>,
-    next_token: AtomicU64,
+    /// (partition, offset) of handed-out messages.
+    handed: Tokens<(i32, i64)>,
     producer: tokio::sync::OnceCell<FutureProducer>,
     /// Destination topics known to exist (checked once each, since a produce to a missing
     /// topic only times out).
@@ -88,8 +87,7 @@ impl KafkaBroker {
             options: options.clone(),
             taker: tokio::sync::Mutex::new(None),
             commits: Mutex::new(BTreeMap::new()),
-            handed: Mutex::new(HashMap::new()),
-            next_token: AtomicU64::new(0),
+            handed: Tokens::default(),
             producer: tokio::sync::OnceCell::new(),
             topics_seen: Mutex::new(BTreeSet::new()),
             read: AtomicU64::new(0),
@@ -477,25 +475,15 @@ impl Broker for KafkaBroker {
         while out.len() < max {
             let Some(next) = reader.next().await else { break };
             let m = next.map_err(|e| Error::Runtime(format!("reading {}: {e}", self.shown)))?;
-            let token = self.next_token.fetch_add(1, Ordering::Relaxed);
-            self.handed.lock().expect("not poisoned").insert(token, (m.partition(), m.offset()));
-            out.push(Received { handle: Handle::Token(token), letter: self.normalize(&m) });
+            let handle = self.handed.issue((m.partition(), m.offset()));
+            out.push(Received { handle, letter: self.normalize(&m) });
         }
         Ok(out)
     }
 
     async fn settle(&self, handles: &[Handle]) -> Result<()> {
         let topic = self.topic()?.to_owned();
-        let settled: Vec<(i32, i64)> = {
-            let mut handed = self.handed.lock().expect("not poisoned");
-            handles
-                .iter()
-                .filter_map(|h| match h {
-                    Handle::Token(t) => handed.remove(t),
-                    _ => None,
-                })
-                .collect()
-        };
+        let settled = self.handed.take(handles);
         let mut tpl = TopicPartitionList::new();
         {
             let mut commits = self.commits.lock().expect("not poisoned");
@@ -529,12 +517,7 @@ impl Broker for KafkaBroker {
 
     async fn release(&self, handles: &[Handle]) -> Result<()> {
         // Nothing to undo: an uncommitted offset is still pending for the group.
-        let mut handed = self.handed.lock().expect("not poisoned");
-        for h in handles {
-            if let Handle::Token(t) = h {
-                handed.remove(t);
-            }
-        }
+        self.handed.take(handles);
         Ok(())
     }
 

@@ -132,6 +132,41 @@ pub trait Sink: Send + Sync {
     async fn publish(&self, batch: &[(DeadLetter, Destination)]) -> Vec<Result<(), PublishError>>;
 }
 
+/// What a backend keeps about the messages it handed out, by the token in their
+/// `Handle::Token` (SQS receipt handles, Kafka partition and offset).
+#[derive(Debug)]
+pub struct Tokens<T> {
+    next: std::sync::atomic::AtomicU64,
+    held: std::sync::Mutex<std::collections::HashMap<u64, T>>,
+}
+
+impl<T> Default for Tokens<T> {
+    fn default() -> Self {
+        Tokens { next: Default::default(), held: Default::default() }
+    }
+}
+
+impl<T> Tokens<T> {
+    /// Keep `value` and return the handle that stands for it.
+    pub fn issue(&self, value: T) -> Handle {
+        let token = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.held.lock().expect("not poisoned").insert(token, value);
+        Handle::Token(token)
+    }
+
+    /// Give back what these handles stand for, forgetting them.
+    pub fn take(&self, handles: &[Handle]) -> Vec<T> {
+        let mut held = self.held.lock().expect("not poisoned");
+        handles
+            .iter()
+            .filter_map(|h| match h {
+                Handle::Token(t) => held.remove(t),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
 #[derive(Debug)]
 pub struct Received {
     pub handle: Handle,

@@ -9,7 +9,6 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -29,7 +28,7 @@ use tokio::sync::OnceCell;
 
 use super::{
     Broker, Capabilities, Description, Destination, Failure, Handle, LetterStream, MoveTask, OpenOptions, PublishError,
-    Received, Route, Sink,
+    Received, Route, Sink, Tokens,
 };
 use crate::error::{Error, Result};
 use crate::lint::{AlarmFacts, AlarmKind, DLQ_NAME, Inventory, QueueFacts};
@@ -61,8 +60,7 @@ pub struct SqsBroker {
     client: Client,
     queue_url: OnceCell<String>,
     /// Receipt handles of received messages, by the token their `Handle` carries.
-    receipts: Mutex<HashMap<u64, String>>,
-    next_token: AtomicU64,
+    receipts: Tokens<String>,
     /// The DLQ's only source queue's ARN, if it has exactly one (the fallback destination).
     single_source: OnceCell<Option<String>>,
     /// Queue URLs by name or ARN, for publishing.
@@ -101,8 +99,7 @@ impl SqsBroker {
             client: Client::new(&config),
             config,
             queue_url: OnceCell::new(),
-            receipts: Mutex::new(HashMap::new()),
-            next_token: AtomicU64::new(0),
+            receipts: Tokens::default(),
             single_source: OnceCell::new(),
             urls: tokio::sync::Mutex::new(HashMap::new()),
             read: Mutex::new(None),
@@ -489,10 +486,6 @@ fn max_receive_count(policy: &serde_json::Value) -> Option<u64> {
     }
 }
 
-fn format_duration(d: Duration) -> String {
-    crate::commands::format_age(d)
-}
-
 #[async_trait]
 impl Broker for SqsBroker {
     fn backend(&self) -> &'static str {
@@ -548,8 +541,8 @@ impl Broker for SqsBroker {
                 continue;
             };
             let Some(dlq) = policy["deadLetterTargetArn"].as_str() else { continue };
-            let retention =
-                seconds_attr(attrs, QueueAttributeName::MessageRetentionPeriod).map_or("?".into(), format_duration);
+            let retention = seconds_attr(attrs, QueueAttributeName::MessageRetentionPeriod)
+                .map_or("?".into(), crate::commands::format_age);
             let max = max_receive_count(&policy).map_or("?".into(), |n| n.to_string());
             sources
                 .entry(dlq.to_owned())
@@ -677,12 +670,8 @@ impl Broker for SqsBroker {
                 break;
             }
             for m in messages {
-                let token = self.next_token.fetch_add(1, Ordering::Relaxed);
-                self.receipts
-                    .lock()
-                    .expect("not poisoned")
-                    .insert(token, m.receipt_handle().unwrap_or_default().to_owned());
-                out.push(Received { handle: Handle::Token(token), letter: self.normalize(&url, &m) });
+                let handle = self.receipts.issue(m.receipt_handle().unwrap_or_default().to_owned());
+                out.push(Received { handle, letter: self.normalize(&url, &m) });
             }
         }
         Ok(out)
@@ -690,7 +679,7 @@ impl Broker for SqsBroker {
 
     async fn settle(&self, handles: &[Handle]) -> Result<()> {
         let url = self.url().await?.to_owned();
-        let receipts = self.take_receipts(handles);
+        let receipts = self.receipts.take(handles);
         for chunk in receipts.chunks(BATCH) {
             let entries = chunk
                 .iter()
@@ -727,7 +716,7 @@ impl Broker for SqsBroker {
 
     async fn release(&self, handles: &[Handle]) -> Result<()> {
         let url = self.url().await?.to_owned();
-        let receipts = self.take_receipts(handles);
+        let receipts = self.receipts.take(handles);
         self.make_visible(&url, &receipts).await
     }
 
@@ -935,17 +924,6 @@ impl SqsBroker {
                 return Ok(out);
             }
         }
-    }
-
-    fn take_receipts(&self, handles: &[Handle]) -> Vec<String> {
-        let mut receipts = self.receipts.lock().expect("not poisoned");
-        handles
-            .iter()
-            .filter_map(|h| match h {
-                Handle::Token(t) => receipts.remove(t),
-                _ => None,
-            })
-            .collect()
     }
 }
 

@@ -155,3 +155,55 @@ impl Drop for Namespace {
             .status();
     }
 }
+
+/// The real binary with a clean environment: no user config, run state under `state`, and the
+/// AWS SDK pointed at LocalStack (callers may override any of it).
+pub fn dlqctl(state: &std::path::Path) -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_dlqctl"));
+    cmd.env("XDG_STATE_HOME", state)
+        .env("XDG_CONFIG_HOME", "/nonexistent")
+        .env_remove("DLQCTL_CONFIG")
+        .env_remove("AWS_PROFILE")
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ENDPOINT_URL", "http://127.0.0.1:4566");
+    cmd
+}
+
+/// Run with a fresh state directory.
+pub fn run(args: &[&str]) -> std::process::Output {
+    let state = tempfile::tempdir().unwrap();
+    dlqctl(state.path()).args(args).output().unwrap()
+}
+
+/// Run, and fail the test unless it exits 0.
+#[track_caller]
+pub fn ok(args: &[&str]) -> std::process::Output {
+    let o = run(args);
+    assert_eq!(o.status.code(), Some(0), "{args:?}\nstdout:\n{}\nstderr:\n{}", text(&o.stdout), text(&o.stderr));
+    o
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+pub fn json(o: &std::process::Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o.stdout)))
+}
+
+/// The JSONL records a command printed.
+pub fn records(o: &std::process::Output) -> Vec<dlqctl::model::DeadLetter> {
+    text(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// `summarize -o json` groups as field value -> count.
+pub fn counts(report: &serde_json::Value, field: &str) -> std::collections::BTreeMap<String, u64> {
+    report["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| (g[field].as_str().unwrap().to_owned(), g["count"].as_u64().unwrap()))
+        .collect()
+}
