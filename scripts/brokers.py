@@ -527,6 +527,10 @@ def fixture_sqs(namespace, letters, fifo=False):
         return int(a["Attributes"]["ApproximateNumberOfMessages"]) == len(letters)
 
     wait_for("SQS to dead-letter %d messages" % len(letters), moved, timeout=120)
+    # Now that they are dead letters, let tests read the source (redriven copies) without
+    # each read pushing the copies back to the DLQ.
+    sqs.set_queue_attributes(QueueUrl=src, Attributes={"RedrivePolicy": json.dumps(
+        {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 1000})})
     return "sqs://%s-dlq%s?endpoint=%s&region=us-east-1" % (namespace, suffix, LOCALSTACK)
 
 

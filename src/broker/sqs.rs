@@ -39,8 +39,10 @@ const PEEK_COST: &str = "SQS has no peek: each message read is received and made
                          which raises its ApproximateReceiveCount";
 /// How long a read keeps messages invisible, so one read sees each message once.
 const READ_HOLD_SECONDS: i32 = 300;
-/// How long a redrive holds a received batch before it must be settled or released.
-const RECEIVE_HOLD_SECONDS: i32 = 120;
+/// How long a redrive holds a received batch before it must be settled or released: long
+/// enough to publish and delete a batch, short enough that what a killed run held comes back
+/// soon.
+const RECEIVE_HOLD_SECONDS: i32 = 30;
 /// SQS limits: entries per batch call, bytes per message (and per batch), attributes per message.
 const BATCH: usize = 10;
 const MAX_BYTES: usize = 262_144;
