@@ -291,11 +291,12 @@ impl RabbitmqBroker {
         Ok(ch)
     }
 
-    async fn publish_one(
+    /// Publish one copy; the returned future resolves to the broker's confirm.
+    async fn send(
         &self,
         letter: &DeadLetter,
         destination: &Destination,
-    ) -> std::result::Result<(), PublishError> {
+    ) -> std::result::Result<lapin::PublisherConfirm, PublishError> {
         let Route::Amqp { exchange, routing_key, cc } = &destination.route else {
             return Err(PublishError {
                 failure: Failure::Permanent,
@@ -311,45 +312,57 @@ impl RabbitmqBroker {
             headers.insert("CC".into(), AMQPValue::FieldArray(FieldArray::from(keys)));
             properties = properties.with_headers(headers);
         }
-        let channel = self.publisher().await?;
-        let options = BasicPublishOptions { mandatory: true, ..Default::default() };
         let (exchange_name, key) = match (short(exchange), short(routing_key)) {
             (Ok(x), Ok(k)) => (x, k),
             (Err(e), _) | (_, Err(e)) => return Err(permanent(e.to_string())),
         };
-        let outcome =
-            async { channel.basic_publish(exchange_name, key, options, letter.body_bytes(), properties).await?.await }
-                .await;
-        match outcome {
+        let channel = self.publisher().await?;
+        let options = BasicPublishOptions { mandatory: true, ..Default::default() };
+        match channel.basic_publish(exchange_name, key, options, letter.body_bytes(), properties).await {
+            Ok(confirm) => Ok(confirm),
+            Err(e) => Err(self.channel_failed(exchange, &e).await),
+        }
+    }
+
+    /// What the broker's confirm says: delivered only when acked and not returned.
+    async fn confirmed(
+        &self,
+        confirm: lapin::PublisherConfirm,
+        destination: &Destination,
+    ) -> std::result::Result<(), PublishError> {
+        let Route::Amqp { exchange, routing_key, .. } = &destination.route else { unreachable!("checked by send") };
+        match confirm.await {
             Ok(confirm) if confirm.is_ack() => match confirm.take_message() {
                 None => Ok(()),
-                Some(returned) => Err(permanent(format!(
-                    "unroutable: {} returned it ({} {}): no queue is bound for key {routing_key:?}",
-                    describe_exchange(exchange),
-                    returned.reply_code,
-                    returned.reply_text
-                ))),
+                Some(returned) => Err(PublishError {
+                    failure: Failure::Permanent,
+                    message: format!(
+                        "unroutable: {} returned it ({} {}): no queue is bound for key {routing_key:?}",
+                        describe_exchange(exchange),
+                        returned.reply_code,
+                        returned.reply_text
+                    ),
+                }),
             },
             Ok(_) => Err(PublishError {
                 failure: Failure::Transient,
                 message: format!("{} refused the message (nack)", describe_exchange(exchange)),
             }),
-            Err(e) => {
-                // A channel-level error (404 for a missing exchange) closes the channel.
-                let text = amqp_error(&e);
-                let failure =
-                    if text.contains("NOT_FOUND") || text.contains("ACCESS_REFUSED") || text.contains("not allowed") {
-                        Failure::Permanent
-                    } else {
-                        Failure::Transient
-                    };
-                *self.publisher.lock().await = None;
-                Err(PublishError {
-                    failure,
-                    message: format!("publishing to {} failed: {text}", describe_exchange(exchange)),
-                })
-            }
+            Err(e) => Err(self.channel_failed(exchange, &e).await),
         }
+    }
+
+    /// A channel-level error (404 for a missing exchange) closes the publishing channel: drop
+    /// it so the next publish opens a new one, and say whether trying again can help.
+    async fn channel_failed(&self, exchange: &str, e: &lapin::Error) -> PublishError {
+        let text = amqp_error(e);
+        let failure = if text.contains("NOT_FOUND") || text.contains("ACCESS_REFUSED") || text.contains("not allowed") {
+            Failure::Permanent
+        } else {
+            Failure::Transient
+        };
+        *self.publisher.lock().await = None;
+        PublishError { failure, message: format!("publishing to {} failed: {text}", describe_exchange(exchange)) }
     }
 }
 
@@ -574,9 +587,17 @@ impl Broker for RabbitmqBroker {
 #[async_trait]
 impl Sink for RabbitmqBroker {
     async fn publish(&self, batch: &[(DeadLetter, Destination)]) -> Vec<std::result::Result<(), PublishError>> {
-        let mut results = Vec::with_capacity(batch.len());
+        // Publish the whole batch, then collect the confirms: one round trip, not one a message.
+        let mut sent = Vec::with_capacity(batch.len());
         for (letter, destination) in batch {
-            results.push(self.publish_one(letter, destination).await);
+            sent.push(self.send(letter, destination).await);
+        }
+        let mut results = Vec::with_capacity(batch.len());
+        for (outcome, (_, destination)) in sent.into_iter().zip(batch) {
+            results.push(match outcome {
+                Ok(confirm) => self.confirmed(confirm, destination).await,
+                Err(e) => Err(e),
+            });
         }
         results
     }
