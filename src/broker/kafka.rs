@@ -646,9 +646,8 @@ impl KafkaBroker {
         if consumer.assign(&tpl).is_err() {
             return (None, Vec::new());
         }
-        let mut positions: BTreeMap<i32, (i64, i64)> =
-            marks.iter().map(|(p, (low, high))| (*p, (*low, *high))).collect();
-        let mut reader = Reader { consumer, positions: std::mem::take(&mut positions), skip: BTreeMap::new() };
+        // From each partition's first retained record to its end.
+        let mut reader = Reader { consumer, positions: marks.clone(), skip: BTreeMap::new() };
         let mut oldest: Option<chrono::DateTime<Utc>> = None;
         let mut sources = BTreeSet::new();
         let want = if with_sources { SOURCE_SAMPLE } else { marks.len() };

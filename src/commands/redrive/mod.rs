@@ -1,6 +1,8 @@
 //! `dlqctl redrive`: plan, confirm, then move with the engine; progress on stderr, a
 //! summary at the end, an audit log and a checkpoint on disk.
 
+mod server_move;
+
 use std::io::IsTerminal;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,8 +19,6 @@ use crate::error::{Error, Result};
 use crate::redrive::audit::{AuditLog, RunInfo};
 use crate::redrive::checkpoint::Checkpoint;
 use crate::redrive::default_runs_dir;
-
-mod server_move;
 use crate::redrive::engine::{Engine, Options, Summary};
 use crate::redrive::plan::{self, Plan};
 use crate::redrive::select::Selection;
