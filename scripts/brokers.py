@@ -263,7 +263,8 @@ def seed_sqs():
         code, message = lambda_errors[i % 3]
         sqs.send_message(QueueUrl=lambda_url, MessageBody=text(i, "lambda"), MessageAttributes={
             "RequestID": {"DataType": "String", "StringValue": "req-%08d" % i},
-            "ErrorCode": {"DataType": "String", "StringValue": code},
+            # As Lambda writes it: a Number attribute holding a 3-digit HTTP code.
+            "ErrorCode": {"DataType": "Number", "StringValue": code},
             "ErrorMessage": {"DataType": "String", "StringValue": message}})
 
     # An EventBridge target DLQ.
