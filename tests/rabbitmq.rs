@@ -358,3 +358,22 @@ fn summarize_by_exchange_routing_key_and_an_application_header() {
     assert_eq!(tenants.keys().collect::<Vec<_>>(), ["acme", "globex"]);
     assert_eq!(tenants.values().sum::<u64>(), 29);
 }
+
+#[test]
+fn a_destination_the_user_may_not_write_to_leaves_every_message_in_the_dlq() {
+    let Some(_) = require(TestBroker::Rabbitmq) else { return };
+    let ns = Namespace::create_kind(TestBroker::Rabbitmq, "rabbitmq-exchange", &letters(6));
+    let vhost = vhost_of(&ns);
+    let user = format!("reader-{vhost}");
+    management("PUT", &format!("users/{user}"), Some(r#"{"password":"reader-pw","tags":"management"}"#));
+    // May read and acknowledge in the DLQ, may not publish to the `orders` exchange.
+    management("PUT", &format!("permissions/{vhost}/{user}"), Some(r#"{"configure":"","write":"^$","read":".*"}"#));
+    let target = ns.target.replacen("guest:guest", &format!("{user}:reader-pw"), 1);
+    let o = dlqctl(&["redrive", &target, "--yes", "-o", "json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    let summary = &json(&o)["summary"];
+    assert_eq!(summary["moved"], 0, "{summary}");
+    assert_eq!(queue(&ns.target, "dlq").len(), 6, "every message stays");
+    assert!(queue(&ns.target, "source").is_empty());
+    management("DELETE", &format!("users/{user}"), None);
+}
