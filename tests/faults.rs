@@ -113,11 +113,8 @@ fn kill_and_resume(broker: TestBroker) {
         }
         check(&ns.target, &source);
 
-        let checkpoint = std::fs::read_dir(state.path().join("dlqctl/runs"))
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .find(|p| p.to_string_lossy().ends_with(".checkpoint.jsonl"))
-            .expect("the run wrote its checkpoint before it was killed");
+        // The run wrote its checkpoint before it was killed.
+        let checkpoint = support::run_file(state.path(), ".checkpoint.jsonl");
         let o = support::dlqctl(state.path())
             .args([
                 "redrive",

@@ -133,11 +133,7 @@ fn skipped_records_stay_pending_and_the_others_are_not_sent_twice() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     assert_eq!(json(&o)["summary"]["moved"], 9);
     assert_eq!(source_records(&ns).len(), 9);
-    let checkpoint = std::fs::read_dir(state.path().join("dlqctl/runs"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.to_string_lossy().ends_with(".checkpoint.jsonl"))
-        .unwrap();
+    let checkpoint = support::run_file(state.path(), ".checkpoint.jsonl");
     // The next run (resuming from the checkpoint) sends only the three left behind.
     let o = dlqctl(
         &["redrive", &ns.target, "--yes", "-o", "json", "-q", "--resume", checkpoint.to_str().unwrap()],

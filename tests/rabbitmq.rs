@@ -268,12 +268,7 @@ fn a_deleted_destination_exchange_stops_the_run_and_loses_nothing() {
     let in_source = queue(&ns.target, "source").len() as u64;
     assert_eq!(in_dlq + in_source, 200, "{summary}");
     assert_eq!(in_source, moved);
-    let audit_line = std::fs::read_dir(state.path().join("dlqctl/runs"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.to_string_lossy().ends_with(".audit.jsonl"))
-        .map(|p| std::fs::read_to_string(p).unwrap())
-        .unwrap();
+    let audit_line = std::fs::read_to_string(support::run_file(state.path(), ".audit.jsonl")).unwrap();
     assert!(audit_line.contains("NOT_FOUND"), "the reason is recorded");
 }
 

@@ -16,10 +16,6 @@ pub async fn run(ctx: &mut Context, args: &ExportArgs) -> Result<()> {
     let (target, broker) = ctx.open(&args.read).await?;
     let redactor = ctx.redactor(&args.redact);
     let mut letters = ctx.letters(broker.as_ref(), &args.read, None).await?;
-    // Said once the DLQ is known to exist, so a typo gets only its error.
-    if let Some(cost) = broker.capabilities().peek_cost {
-        ctx.out.note(cost);
-    }
     let mut file = args.file.as_deref().map(PartialFile::create).transpose()?;
     let mut count = 0u64;
     while let Some(mut letter) = letters.try_next().await? {

@@ -50,6 +50,8 @@ impl Context {
     }
 
     /// Read the DLQ without consuming it: the messages `--where` selects, at most `limit`.
+    /// Says on stderr what reading costs on this broker, once the read has begun (so a
+    /// mistyped DLQ gets only its error).
     pub async fn letters<'a>(
         &self,
         broker: &'a dyn Broker,
@@ -61,9 +63,11 @@ impl Context {
         // Without a selection the broker can stop reading at the limit itself.
         let read_limit = if selection.is_everything() { limit } else { None };
         let now = Utc::now();
-        let selected = broker
-            .peek(read_limit)
-            .await?
+        let letters = broker.peek(read_limit).await?;
+        if let Some(cost) = broker.capabilities().peek_cost {
+            self.out.note(cost);
+        }
+        let selected = letters
             .map_ok(move |mut letter| {
                 if let Some(from) = &reason_from {
                     from.apply(&mut letter);

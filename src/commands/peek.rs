@@ -17,10 +17,6 @@ pub async fn run(ctx: &mut Context, args: &PeekArgs) -> Result<()> {
     let (target, broker) = ctx.open(&args.read).await?;
     let redactor = ctx.redactor(&args.redact);
     let mut letters = ctx.letters(broker.as_ref(), &args.read, Some(args.limit)).await?;
-    // Said once the DLQ is known to exist, so a typo gets only its error.
-    if let Some(cost) = broker.capabilities().peek_cost {
-        ctx.out.note(cost);
-    }
     let mut table =
         (!ctx.out.is_json() && !args.full).then(|| ctx.out.table(&["id", "age", "reason", "source", "body"]));
     let mut shown = 0u64;

@@ -76,10 +76,6 @@ pub async fn run(ctx: &mut Context, args: &SummarizeArgs) -> Result<()> {
     let mut groups: HashMap<String, Group> = HashMap::new();
     let mut total = 0u64;
     let mut letters = ctx.letters(broker.as_ref(), &args.read, None).await?;
-    // Said once the DLQ is known to exist, so a typo gets only its error.
-    if let Some(cost) = broker.capabilities().peek_cost {
-        ctx.out.note(cost);
-    }
     while let Some(letter) = letters.try_next().await? {
         total += 1;
         let key = args.by.key(&letter, now);

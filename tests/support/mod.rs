@@ -207,3 +207,13 @@ pub fn counts(report: &serde_json::Value, field: &str) -> std::collections::BTre
         .map(|g| (g[field].as_str().unwrap().to_owned(), g["count"].as_u64().unwrap()))
         .collect()
 }
+
+/// The file a run wrote under `state` whose name ends with `suffix` (`.checkpoint.jsonl`,
+/// `.audit.jsonl`).
+pub fn run_file(state: &std::path::Path, suffix: &str) -> std::path::PathBuf {
+    std::fs::read_dir(state.join("dlqctl/runs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with(suffix))
+        .unwrap_or_else(|| panic!("no *{suffix} under {}", state.display()))
+}
