@@ -13,10 +13,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, TimeZone, Utc};
-use futures::StreamExt;
+use futures::stream::FuturesOrdered;
+use futures::{FutureExt, StreamExt};
+use lapin::message::BasicGetMessage;
 use lapin::options::{
-    BasicAckOptions, BasicGetOptions, BasicPublishOptions, BasicRejectOptions, ConfirmSelectOptions,
-    QueueDeclareOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicQosOptions, BasicRejectOptions,
+    ConfirmSelectOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
@@ -35,6 +37,12 @@ use crate::target::RabbitmqTarget;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 const HTTP_TIMEOUT: Duration = Duration::from_secs(15);
+/// How many `basic.get`s a receive keeps in flight.
+const GET_WINDOW: usize = 64;
+/// Messages one peek channel holds; at most this many wait in memory.
+const SCAN_PREFETCH: u16 = 5000;
+/// How long a peek's consumer may stay quiet before the read checks whether the queue is empty.
+const SCAN_QUIET: Duration = Duration::from_millis(50);
 const PEEK_COST: &str = "RabbitMQ has no true peek: each message is fetched and requeued, which sets its \
                          redelivered flag (and counts toward a quorum queue's delivery limit)";
 
@@ -50,8 +58,8 @@ pub struct RabbitmqBroker {
     consumer: Mutex<Option<Channel>>,
     /// The confirm-mode channel copies are published on; replaced after a channel error.
     publisher: Mutex<Option<Channel>>,
-    /// The channel a read holds its messages on; closing it puts them back.
-    reader: Mutex<Option<Channel>>,
+    /// The channels a read holds its messages on; closing them puts the messages back.
+    reader: Mutex<Vec<Channel>>,
 }
 
 impl RabbitmqBroker {
@@ -93,7 +101,7 @@ impl RabbitmqBroker {
             options: options.clone(),
             consumer: Mutex::new(None),
             publisher: Mutex::new(None),
-            reader: Mutex::new(None),
+            reader: Mutex::new(Vec::new()),
         })
     }
 
@@ -258,6 +266,54 @@ impl RabbitmqBroker {
             )));
         }
         Ok(())
+    }
+
+    /// Starts a read that sees every message without consuming any. A consumer is far faster
+    /// than one `basic.get` per message, but nothing may be acked, so each channel stops at its
+    /// prefetch: the read then moves on to a fresh channel, and the old one keeps holding its
+    /// messages until `end_read` closes them all, which puts everything back in order. Memory
+    /// stays bounded by one prefetch window.
+    async fn open_scan(&self, queue: &str) -> Result<Scan> {
+        let channel = self.channel("peeking").await?;
+        self.reader.lock().await.push(channel.clone());
+        let failed = |e: lapin::Error| Error::Runtime(format!("reading {queue}: {}", amqp_error(&e)));
+        channel.basic_qos(SCAN_PREFETCH, BasicQosOptions::default()).await.map_err(failed)?;
+        let consumer = channel
+            .basic_consume(short(queue)?, "".into(), BasicConsumeOptions::default(), FieldTable::default())
+            .await
+            .map_err(failed)?;
+        Ok(Scan { channel, consumer, delivered: 0 })
+    }
+
+    /// The next message of a scan, or None at the end of the queue. When the consumer goes
+    /// quiet a `basic.get` on the same channel tells an empty queue from a slow broker: the
+    /// broker sends everything it delivered to the consumer before it answers get-empty.
+    async fn scan_next(&self, scan: &mut Scan, queue: &str) -> Result<Option<lapin::message::Delivery>> {
+        let failed = |e: lapin::Error| Error::Runtime(format!("reading {queue}: {}", amqp_error(&e)));
+        if scan.delivered == SCAN_PREFETCH {
+            *scan = self.open_scan(queue).await?;
+        }
+        let delivery = match tokio::time::timeout(SCAN_QUIET, scan.consumer.next()).await {
+            Ok(delivery) => delivery,
+            Err(_quiet) => {
+                let got =
+                    scan.channel.basic_get(short(queue)?, BasicGetOptions { no_ack: false }).await.map_err(failed)?;
+                if let Some(message) = got {
+                    return Ok(Some(message.delivery));
+                }
+                match scan.consumer.next().now_or_never() {
+                    Some(delivery) => delivery,
+                    None => return Ok(None),
+                }
+            }
+        };
+        match delivery {
+            Some(delivery) => {
+                scan.delivered += 1;
+                delivery.map(Some).map_err(failed)
+            }
+            None => Err(Error::Runtime(format!("reading {queue}: the broker cancelled the read"))),
+        }
     }
 
     async fn depth(&self, queue: &str) -> Result<u64> {
@@ -449,29 +505,29 @@ impl Broker for RabbitmqBroker {
     async fn peek(&self, limit: Option<u64>) -> Result<LetterStream<'_>> {
         let queue = self.queue()?.to_owned();
         self.guard_quorum_read(&queue).await?;
-        let channel = self.channel("peeking").await?;
-        // Fetched messages stay unacked on this channel, so each is seen once; closing it
-        // (at the end of the queue, or in `end_read`) puts them all back in order.
-        if let Some(previous) = self.reader.lock().await.replace(channel.clone()) {
-            let _ = previous.close(200, "peek done".into()).await;
-        }
-        let name = short(&queue)?;
+        self.end_read().await?;
         let remaining = limit.unwrap_or(u64::MAX);
-        Ok(futures::stream::unfold(Some((channel, remaining)), move |state| {
-            let name = name.clone();
+        Ok(futures::stream::unfold(Some((None, remaining)), move |state| {
             let queue = queue.clone();
             async move {
-                let (channel, remaining) = state?;
+                let (scan, remaining) = state?;
                 if remaining == 0 {
                     return self.end_read().await.err().map(|e| (Err(e), None));
                 }
-                match channel.basic_get(name, BasicGetOptions { no_ack: false }).await {
-                    Ok(Some(message)) => {
-                        let letter = self.normalize(&queue, &message.delivery);
-                        Some((Ok(letter), Some((channel, remaining - 1))))
+                let mut scan = match scan {
+                    Some(scan) => scan,
+                    None => match self.open_scan(&queue).await {
+                        Ok(scan) => scan,
+                        Err(e) => return Some((Err(e), None)),
+                    },
+                };
+                match self.scan_next(&mut scan, &queue).await {
+                    Ok(Some(delivery)) => {
+                        let letter = self.normalize(&queue, &delivery);
+                        Some((Ok(letter), Some((Some(scan), remaining - 1))))
                     }
                     Ok(None) => self.end_read().await.err().map(|e| (Err(e), None)),
-                    Err(e) => Some((Err(Error::Runtime(format!("reading {queue}: {}", amqp_error(&e)))), None)),
+                    Err(e) => Some((Err(e), None)),
                 }
             }
         })
@@ -479,7 +535,8 @@ impl Broker for RabbitmqBroker {
     }
 
     async fn end_read(&self) -> Result<()> {
-        if let Some(channel) = self.reader.lock().await.take() {
+        let channels = std::mem::take(&mut *self.reader.lock().await);
+        for channel in channels {
             channel.close(200, "peek done".into()).await.map_err(|e| {
                 Error::Runtime(format!("putting peeked messages back in {}: {}", self.shown, amqp_error(&e)))
             })?;
@@ -495,19 +552,14 @@ impl Broker for RabbitmqBroker {
             *slot = Some(self.channel("taking messages").await?);
         }
         let channel = slot.as_ref().expect("set above");
-        let mut out = Vec::with_capacity(max);
-        while out.len() < max {
-            let message = channel
-                .basic_get(short(&queue)?, BasicGetOptions { no_ack: false })
-                .await
-                .map_err(|e| Error::Runtime(format!("reading {queue}: {}", amqp_error(&e))))?;
-            let Some(message) = message else { break };
-            out.push(Received {
+        let messages = fetch(channel, &queue, max).await?;
+        Ok(messages
+            .into_iter()
+            .map(|message| Received {
                 handle: Handle::Delivery(message.delivery.delivery_tag),
                 letter: self.normalize(&queue, &message.delivery),
-            });
-        }
-        Ok(out)
+            })
+            .collect())
     }
 
     async fn settle(&self, handles: &[Handle]) -> Result<()> {
@@ -856,6 +908,39 @@ fn to_properties(letter: &DeadLetter) -> std::result::Result<BasicProperties, St
         };
     }
     Ok(p)
+}
+
+/// Fetches up to `max` messages, unacked, with up to `GET_WINDOW` `basic.get`s in flight:
+/// a read is bound by round trips, not by the broker or by us. Stops asking at the first empty
+/// reply but keeps whatever the gets already in flight bring (they are held on the channel
+/// like the rest), so nothing fetched goes untracked.
+async fn fetch(channel: &Channel, queue: &str, max: usize) -> Result<Vec<BasicGetMessage>> {
+    let name = short(queue)?;
+    let get = || channel.basic_get(name.clone(), BasicGetOptions { no_ack: false });
+    let mut in_flight = FuturesOrdered::new();
+    let mut asked = 0;
+    let mut dry = false;
+    let mut out = Vec::with_capacity(max.min(GET_WINDOW));
+    loop {
+        while !dry && asked < max && in_flight.len() < GET_WINDOW {
+            in_flight.push_back(get());
+            asked += 1;
+        }
+        let Some(reply) = in_flight.next().await else {
+            return Ok(out);
+        };
+        match reply.map_err(|e| Error::Runtime(format!("reading {queue}: {}", amqp_error(&e))))? {
+            Some(message) => out.push(message),
+            None => dry = true,
+        }
+    }
+}
+
+/// A peek in progress: the channel it reads on now and that channel's consumer.
+struct Scan {
+    channel: Channel,
+    consumer: lapin::Consumer,
+    delivered: u16,
 }
 
 fn short(name: &str) -> Result<ShortString> {
