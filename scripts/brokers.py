@@ -492,9 +492,18 @@ def fixture_rabbitmq(namespace, letters, exchange=""):
     for seq, body, headers in letters:
         ch.basic_publish(exchange, key, body or b"", pika.BasicProperties(
             message_id="conf-%s" % seq, delivery_mode=2, headers=headers))
-    for _ in letters:
-        method = wait_for("a message in source", lambda: ch.basic_get("source")[0])
-        ch.basic_reject(method.delivery_tag, requeue=False)
+    # Reject them all for real, a window at a time: one nack covers everything up to its tag.
+    ch.basic_qos(prefetch_count=1000)
+    rejected = 0
+    for method, _props, _body in ch.consume("source", inactivity_timeout=60) if letters else []:
+        if method is None:
+            raise SystemExit("fixture: source stopped delivering after %d of %d" % (rejected, len(letters)))
+        rejected += 1
+        if rejected % 500 == 0 or rejected == len(letters):
+            ch.basic_nack(method.delivery_tag, multiple=True, requeue=False)
+        if rejected == len(letters):
+            break
+    ch.cancel()
     wait_for("dlq to hold %d" % len(letters),
              lambda: ch.queue_declare("dlq", passive=True).method.message_count == len(letters))
     conn.close()
@@ -510,6 +519,14 @@ def fixture_sqs(namespace, letters, fifo=False):
     dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     src = sqs.create_queue(QueueName=namespace + "-src" + suffix, Attributes=dict(attrs, RedrivePolicy=json.dumps(
         {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 1})))["QueueUrl"]
+    batch = []
+
+    def send(entries):
+        failed = sqs.send_message_batch(QueueUrl=src, Entries=entries).get("Failed")
+        if failed:
+            raise SystemExit("fixture: SQS refused %s" % failed)
+        entries.clear()
+
     for seq, body, headers in letters:
         # SQS bodies are non-empty text: an SQS DLQ never holds an empty or binary body.
         try:
@@ -520,14 +537,22 @@ def fixture_sqs(namespace, letters, fifo=False):
                       {"DataType": "Number" if isinstance(v, int) else "String", "StringValue": str(v)}
                       for k, v in headers.items()}
         extra = {"MessageGroupId": str(headers.get("group", "g")), "MessageDeduplicationId": str(seq)} if fifo else {}
-        sqs.send_message(QueueUrl=src, MessageBody=text, MessageAttributes=attributes, **extra)
+        batch.append(dict(Id=str(len(batch)), MessageBody=text, MessageAttributes=attributes, **extra))
+        if len(batch) == 10:
+            send(batch)
+    if batch:
+        send(batch)
 
     def moved():
-        sqs.receive_message(QueueUrl=src, MaxNumberOfMessages=10, VisibilityTimeout=0, WaitTimeSeconds=0)
+        # Each receive past maxReceiveCount moves what it would have returned: keep receiving
+        # while there is something to receive, and only then look at the DLQ.
+        while sqs.receive_message(QueueUrl=src, MaxNumberOfMessages=10, VisibilityTimeout=0,
+                                  WaitTimeSeconds=0).get("Messages"):
+            pass
         a = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["ApproximateNumberOfMessages"])
         return int(a["Attributes"]["ApproximateNumberOfMessages"]) == len(letters)
 
-    wait_for("SQS to dead-letter %d messages" % len(letters), moved, timeout=120)
+    wait_for("SQS to dead-letter %d messages" % len(letters), moved, timeout=600)
     # Now that they are dead letters, let tests read the source (redriven copies) without
     # each read pushing the copies back to the DLQ.
     sqs.set_queue_attributes(QueueUrl=src, Attributes={"RedrivePolicy": json.dumps(

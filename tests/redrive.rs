@@ -344,3 +344,18 @@ async fn every_failure_mode_at_once_loses_nothing() {
     s.check_invariants(&["m9", "m22"]);
     assert!(read_jsonl(&s.path("dlq.jsonl")).is_empty());
 }
+
+/// Duplicates a crash left in the DLQ (same redrive id, same count) are not "returns", and a
+/// batch made only of them does not end the run early.
+#[tokio::test]
+async fn duplicates_already_in_the_dlq_neither_stop_the_run_nor_count_as_returns() {
+    let s = Setup::new(10);
+    let mut dlq = s.originals.clone();
+    dlq.splice(3..3, std::iter::repeat_n(s.originals[2].clone(), 8));
+    write_jsonl(&s.path("dlq.jsonl"), &dlq);
+    let summary = s.run(&[], &[], options(), false).await;
+    assert_eq!((summary.moved, summary.returned, summary.stopped.as_deref()), (10, 0, None));
+    let left: Vec<String> = read_jsonl(&s.path("dlq.jsonl")).into_iter().map(|l| l.id).collect();
+    assert_eq!(left, vec!["m2"; 8], "the duplicates stay where they were");
+    assert_eq!(s.check_invariants(&["m2"]), (8, 10));
+}

@@ -565,14 +565,9 @@ impl Broker for RabbitmqBroker {
     async fn settle(&self, handles: &[Handle]) -> Result<()> {
         let slot = self.consumer.lock().await;
         let channel = slot.as_ref().ok_or_else(|| Error::Runtime("settle before receive".into()))?;
-        for handle in handles {
-            let Handle::Delivery(tag) = handle else {
-                continue;
-            };
-            channel
-                .basic_ack(*tag, BasicAckOptions::default())
-                .await
-                .map_err(|e| Error::Runtime(format!("acknowledging in {}: {}", self.shown, amqp_error(&e))))?;
+        let acks = delivery_tags(handles).map(|tag| channel.basic_ack(tag, BasicAckOptions::default()));
+        for ack in futures::future::join_all(acks).await {
+            ack.map_err(|e| Error::Runtime(format!("acknowledging in {}: {}", self.shown, amqp_error(&e))))?;
         }
         Ok(())
     }
@@ -582,14 +577,10 @@ impl Broker for RabbitmqBroker {
         let Some(channel) = slot.as_ref() else {
             return Ok(());
         };
-        for handle in handles {
-            let Handle::Delivery(tag) = handle else {
-                continue;
-            };
-            channel
-                .basic_reject(*tag, BasicRejectOptions { requeue: true })
-                .await
-                .map_err(|e| Error::Runtime(format!("requeueing in {}: {}", self.shown, amqp_error(&e))))?;
+        let requeue = BasicRejectOptions { requeue: true };
+        let rejects = delivery_tags(handles).map(|tag| channel.basic_reject(tag, requeue));
+        for reject in futures::future::join_all(rejects).await {
+            reject.map_err(|e| Error::Runtime(format!("requeueing in {}: {}", self.shown, amqp_error(&e))))?;
         }
         Ok(())
     }
@@ -640,18 +631,15 @@ impl Broker for RabbitmqBroker {
 impl Sink for RabbitmqBroker {
     async fn publish(&self, batch: &[(DeadLetter, Destination)]) -> Vec<std::result::Result<(), PublishError>> {
         // Publish the whole batch, then collect the confirms: one round trip, not one a message.
-        let mut sent = Vec::with_capacity(batch.len());
-        for (letter, destination) in batch {
-            sent.push(self.send(letter, destination).await);
-        }
-        let mut results = Vec::with_capacity(batch.len());
-        for (outcome, (_, destination)) in sent.into_iter().zip(batch) {
-            results.push(match outcome {
+        // Joined, not awaited one by one: each await is a hand-off to lapin's I/O thread.
+        let sent = futures::future::join_all(batch.iter().map(|(letter, destination)| self.send(letter, destination)));
+        let confirms = sent.await.into_iter().zip(batch).map(|(outcome, (_, destination))| async move {
+            match outcome {
                 Ok(confirm) => self.confirmed(confirm, destination).await,
                 Err(e) => Err(e),
-            });
-        }
-        results
+            }
+        });
+        futures::future::join_all(confirms).await
     }
 }
 
@@ -934,6 +922,13 @@ async fn fetch(channel: &Channel, queue: &str, max: usize) -> Result<Vec<BasicGe
             None => dry = true,
         }
     }
+}
+
+fn delivery_tags(handles: &[Handle]) -> impl Iterator<Item = u64> + '_ {
+    handles.iter().filter_map(|h| match h {
+        Handle::Delivery(tag) => Some(*tag),
+        _ => None,
+    })
 }
 
 /// A peek in progress: the channel it reads on now and that channel's consumer.

@@ -63,6 +63,8 @@ pub struct SqsBroker {
     queue_url: OnceCell<String>,
     /// Receipt handles of received messages, by the token their `Handle` carries.
     receipts: Tokens<String>,
+    /// Ids of the messages `receive` has handed out in this run.
+    handed_out: std::sync::Mutex<HashSet<String>>,
     /// The DLQ's only source queue's ARN, if it has exactly one (the fallback destination).
     single_source: OnceCell<Option<String>>,
     /// Queue URLs by name or ARN, for publishing.
@@ -102,6 +104,7 @@ impl SqsBroker {
             config,
             queue_url: OnceCell::new(),
             receipts: Tokens::default(),
+            handed_out: Default::default(),
             single_source: OnceCell::new(),
             urls: tokio::sync::Mutex::new(HashMap::new()),
             read: Mutex::new(None),
@@ -671,9 +674,22 @@ impl Broker for SqsBroker {
             if messages.is_empty() {
                 break;
             }
+            // A message this run holds comes back once its hold runs out: it is not new, and
+            // when nothing new comes, this run has seen the whole queue.
+            let mut again = Vec::new();
             for m in messages {
-                let handle = self.receipts.issue(m.receipt_handle().unwrap_or_default().to_owned());
-                out.push(Received { handle, letter: self.normalize(&url, &m) });
+                let receipt = m.receipt_handle().unwrap_or_default().to_owned();
+                let first_time =
+                    m.message_id().is_none_or(|id| self.handed_out.lock().expect("not poisoned").insert(id.to_owned()));
+                if first_time {
+                    out.push(Received { handle: self.receipts.issue(receipt), letter: self.normalize(&url, &m) });
+                } else {
+                    again.push(receipt);
+                }
+            }
+            if !again.is_empty() {
+                self.make_visible(&url, &again).await?;
+                break;
             }
         }
         Ok(out)

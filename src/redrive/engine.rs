@@ -3,7 +3,7 @@
 //! leaves the original where it was; a copy whose original could not be removed is the
 //! only possible duplicate, and it carries the same redrive id.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -98,7 +98,8 @@ impl Engine<'_> {
         // Redrive ids handled in this run: a released message that comes round again is not
         // handled twice, and a moved one that comes back is noticed.
         let mut seen = HashSet::new();
-        let mut moved = HashSet::new();
+        // Redrive ids moved in this run, with the redrive count their copies carry.
+        let mut moved: HashMap<String, u64> = HashMap::new();
         let mut consecutive_failures = 0u32;
         let now = Utc::now();
         // Messages left in the DLQ are released only when the run ends: released earlier,
@@ -122,10 +123,11 @@ impl Engine<'_> {
             let mut release: Vec<Handle> = Vec::new();
             let mut moves: Vec<Move> = Vec::new();
             let mut from_checkpoint: Vec<(Received, String)> = Vec::new();
-            let mut fresh = 0usize;
             for r in received {
                 let id = redrive_id(&r.letter);
-                if moved.contains(&id) {
+                // A copy of this run's own coming back carries the count this run gave it; an
+                // older duplicate (left by a crash) carries less and is simply left alone.
+                if moved.get(&id) == Some(&redrive_count(&r.letter)) {
                     summary.returned += 1;
                     self.log(&r.letter, &id, None, Outcome::Returned, None)?;
                     release.push(r.handle);
@@ -135,7 +137,6 @@ impl Engine<'_> {
                     release.push(r.handle);
                     continue;
                 }
-                fresh += 1;
                 if self.stop_requested(&mut summary) || self.limit_reached(&summary) {
                     // Left for a later run: not looked at, not counted.
                     seen.remove(&id);
@@ -173,11 +174,6 @@ impl Engine<'_> {
                     }
                 }
             }
-            if fresh == 0 {
-                // Everything received was handled before: this run has seen the whole DLQ.
-                held.extend(release);
-                break;
-            }
 
             let results = match self.sink {
                 Some(sink) if !moves.is_empty() => publish_with_retries(sink, &moves, self.options.retries).await,
@@ -212,7 +208,7 @@ impl Engine<'_> {
                             None => (Outcome::SettledFromCheckpoint, None),
                         };
                         self.log(&r.letter, id, label, outcome, None)?;
-                        moved.insert(id.clone());
+                        moved.insert(id.clone(), redrive_count(&r.letter) + 1);
                     }
                     summary.moved += confirmed.len() as u64;
                     let ids: Vec<&str> = confirmed.iter().map(|(_, id, _)| id.as_str()).collect();
