@@ -216,21 +216,20 @@ fn decode(s: &str, what: &str, shown: &str) -> Result<String> {
         .map_err(|_| Error::Usage(format!("{what} {s:?} in target {shown:?} is not valid percent-encoded UTF-8")))
 }
 
-/// Replace the password part of `scheme://user:password@host...` with `****`.
+/// Replace the password part of `scheme://user:password@host...` with `****`. Errors echo
+/// what the user typed, often malformed (extra slashes, an unencoded `/` in the password), so
+/// everything between the first `:` and the last `@` counts as the password.
 pub fn mask_input(input: &str) -> String {
     let Some((scheme, rest)) = input.split_once("://") else {
         return input.to_owned();
     };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    let Some(at) = authority.rfind('@') else {
+    let Some(at) = rest.rfind('@') else {
         return input.to_owned();
     };
-    let userinfo = &authority[..at];
-    let Some((user, _password)) = userinfo.split_once(':') else {
+    let Some(colon) = rest[..at].find(':') else {
         return input.to_owned();
     };
-    format!("{scheme}://{user}:****{}", &rest[at..])
+    format!("{scheme}://{}:****{}", &rest[..colon], &rest[at..])
 }
 
 struct UrlParts<'a> {
@@ -581,5 +580,14 @@ mod tests {
         assert_eq!(mask_input("amqp://u:p@h/v"), "amqp://u:****@h/v");
         assert_eq!(mask_input("amqp://u@h/v"), "amqp://u@h/v");
         assert_eq!(mask_input("plain"), "plain");
+    }
+
+    /// Found by `scripts/fuzz` (target_url): malformed targets must not show their password.
+    #[test]
+    fn mask_input_hides_the_password_of_malformed_targets() {
+        let masked = mask_input("kafka:////guest:s3cret@127.0.0.1:567ouprn=.[*DLTpa");
+        assert!(!masked.contains("s3cret"), "{masked}");
+        assert_eq!(mask_input("amqp://u:pa/ss@h/v"), "amqp://u:****@h/v");
+        assert_eq!(mask_input("amqp://u:p@ss@h/v"), "amqp://u:****@h/v");
     }
 }

@@ -1,5 +1,6 @@
-//! kill -9 in the middle of a real redrive, then `--resume`, on every broker: nothing may be
-//! lost, and every duplicate must carry its original's `dlqctl-redrive-id`.
+//! kill -9 in the middle of a real redrive, then `--resume`, on every broker; and RabbitMQ and
+//! Tansu restarted under a redrive and under an export. Nothing may be lost, no run may hang,
+//! and every duplicate must carry its original's `dlqctl-redrive-id`.
 //!
 //! `DLQCTL_FAULT_TRIALS` sets the trials per broker (default 2 in CI; the README records a run
 //! of 20).
@@ -86,10 +87,14 @@ fn wait_until_nothing_in_flight(target: &str) {
     }
 }
 
+/// Restarts take a broker away from every test: they hold this for writing, the others for reading.
+static BROKER_IN_USE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
 fn kill_and_resume(broker: TestBroker) {
     if require(broker).is_none() {
         return;
     }
+    let _shared = BROKER_IN_USE.read().unwrap_or_else(|e| e.into_inner());
     let (mut lost, mut duplicates, mut interrupted) = (0, 0, 0);
     for trial in 0..trials() {
         let ns = Namespace::create(broker, &letters());
@@ -114,23 +119,7 @@ fn kill_and_resume(broker: TestBroker) {
         check(&ns.target, &source);
 
         // The run wrote its checkpoint before it was killed.
-        let checkpoint = support::run_file(state.path(), ".checkpoint.jsonl");
-        let o = support::dlqctl(state.path())
-            .args([
-                "redrive",
-                &ns.target,
-                "--mode",
-                "client",
-                "--yes",
-                "--rate",
-                "unlimited",
-                "-q",
-                "--resume",
-                checkpoint.to_str().unwrap(),
-            ])
-            .output()
-            .unwrap();
-        assert_eq!(o.status.code(), Some(0), "trial {trial}: {}", support::text(&o.stderr));
+        resume(state.path(), &ns.target, &format!("trial {trial}"));
         let (left, dups) = check(&ns.target, &source);
         lost += left;
         duplicates += dups;
@@ -159,4 +148,133 @@ fn sqs_kill_9_mid_redrive_loses_nothing() {
 #[test]
 fn kafka_kill_9_mid_redrive_loses_nothing() {
     kill_and_resume(TestBroker::Kafka);
+}
+
+/// `--resume` the one run under `state` to the end.
+fn resume(state: &std::path::Path, target: &str, what: &str) {
+    let checkpoint = support::run_file(state, ".checkpoint.jsonl");
+    let args = ["redrive", target, "--mode", "client", "--yes", "--rate", "unlimited", "-q", "--resume"];
+    let o = support::output(support::dlqctl(state).args(args).arg(&checkpoint));
+    assert_eq!(o.status.code(), Some(0), "{what}: {}", support::text(&o.stderr));
+}
+
+/// Wait for a child, but never longer than `limit`: a run that hangs fails the test.
+fn wait_bounded(child: &mut std::process::Child, limit: Duration, what: &str) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{what}: still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn restart(broker: TestBroker) {
+    let name = match broker {
+        TestBroker::Rabbitmq => "rabbitmq",
+        TestBroker::Kafka => "kafka",
+        TestBroker::Sqs => unreachable!("LocalStack is not restarted: it keeps no state across a restart"),
+    };
+    let status = std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/brokers"))
+        .args(["restart", name, "2"])
+        .status()
+        .unwrap();
+    assert!(status.success(), "restarting {}", broker.name());
+}
+
+/// The broker goes away two seconds into a 1,000-message redrive paced at 200/s, for two
+/// seconds. The run either rides it out (where the client reconnects safely) or stops with
+/// one clear line; `--resume` then finishes, and nothing is lost.
+fn restart_mid_redrive(broker: TestBroker) {
+    if require(broker).is_none() {
+        return;
+    }
+    let _alone = BROKER_IN_USE.write().unwrap_or_else(|e| e.into_inner());
+    let ns = Namespace::create(broker, &letters());
+    let source = source_of(broker, &ns.target);
+    let state = tempfile::tempdir().unwrap();
+    let mut child = support::dlqctl(state.path())
+        .args(["redrive", &ns.target, "--mode", "client", "--yes", "--rate", "200", "-q"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    restart(broker);
+    let status = wait_bounded(&mut child, Duration::from_secs(120), "a redrive across a restart");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    if !status.success() {
+        assert_eq!(status.code(), Some(1), "{stderr}");
+        assert!(stderr.lines().any(|l| l.starts_with("dlqctl: ")), "no clear error: {stderr}");
+    }
+    eprintln!("{}: redrive across a restart ended with {status}: {}", broker.name(), stderr.trim());
+    check(&ns.target, &source);
+    resume(state.path(), &ns.target, "resume after a restart");
+    let (left, dups) = check(&ns.target, &source);
+    assert_eq!(left, 0, "every message ends at its source");
+    assert!(dups <= 10, "duplicates are bounded by --batch, got {dups}");
+}
+
+/// The broker goes away while an export is stalled on a full pipe: the export finishes or
+/// stops with one clear line within bounded time, and the DLQ still holds every message.
+fn restart_mid_export(broker: TestBroker) {
+    if require(broker).is_none() {
+        return;
+    }
+    let _alone = BROKER_IN_USE.write().unwrap_or_else(|e| e.into_inner());
+    let ns = Namespace::create(broker, &letters());
+    let state = tempfile::tempdir().unwrap();
+    let mut child = support::dlqctl(state.path())
+        .args(["export", &ns.target, "-q"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Nobody reads stdout yet: the export blocks on the pipe, holding what it has read.
+    std::thread::sleep(Duration::from_secs(2));
+    restart(broker);
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut out).unwrap();
+        out
+    });
+    let status = wait_bounded(&mut child, Duration::from_secs(120), "an export across a restart");
+    let lines = reader.join().unwrap().lines().count();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    if status.success() {
+        assert_eq!(lines, MESSAGES, "a finished export has every message");
+    } else {
+        assert_eq!(status.code(), Some(1), "{stderr}");
+        assert!(stderr.lines().any(|l| l.starts_with("dlqctl: ")), "no clear error: {stderr}");
+    }
+    eprintln!("{}: export across a restart: {lines} lines, {status}: {}", broker.name(), stderr.trim());
+    let after = read_all(&ns.target, true);
+    assert_eq!(after.len(), MESSAGES, "an export leaves every message in the DLQ");
+}
+
+#[test]
+fn rabbitmq_restart_mid_redrive_loses_nothing() {
+    restart_mid_redrive(TestBroker::Rabbitmq);
+}
+
+#[test]
+fn kafka_restart_mid_redrive_loses_nothing() {
+    restart_mid_redrive(TestBroker::Kafka);
+}
+
+#[test]
+fn rabbitmq_restart_mid_export_loses_nothing() {
+    restart_mid_export(TestBroker::Rabbitmq);
+}
+
+#[test]
+fn kafka_restart_mid_export_loses_nothing() {
+    restart_mid_export(TestBroker::Kafka);
 }

@@ -11,7 +11,7 @@ use dlqctl::model::{DeadLetter, Headers};
 use support::{Namespace, TestBroker, counts, json, ok, records, require, seed_counts, text};
 
 fn dlqctl(args: &[&str], state: &std::path::Path) -> Output {
-    support::dlqctl(state).args(args).output().unwrap()
+    support::output(support::dlqctl(state).args(args))
 }
 
 const KAFKA: &str = "kafka://127.0.0.1:9092";

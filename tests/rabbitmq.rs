@@ -360,10 +360,10 @@ fn a_destination_the_user_may_not_write_to_leaves_every_message_in_the_dlq() {
     let ns = Namespace::create_kind(TestBroker::Rabbitmq, "rabbitmq-exchange", &letters(6));
     let vhost = vhost_of(&ns);
     let user = format!("reader-{vhost}");
-    management("PUT", &format!("users/{user}"), Some(r#"{"password":"reader-pw","tags":"management"}"#));
+    management("PUT", &format!("users/{user}"), Some(r#"{"password":"reader-pw-never-print","tags":"management"}"#));
     // May read and acknowledge in the DLQ, may not publish to the `orders` exchange.
     management("PUT", &format!("permissions/{vhost}/{user}"), Some(r#"{"configure":"","write":"^$","read":".*"}"#));
-    let target = ns.target.replacen("guest:guest", &format!("{user}:reader-pw"), 1);
+    let target = ns.target.replacen("guest:guest", &format!("{user}:reader-pw-never-print"), 1);
     let o = dlqctl(&["redrive", &target, "--yes", "-o", "json"]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
     let summary = &json(&o)["summary"];
@@ -371,4 +371,52 @@ fn a_destination_the_user_may_not_write_to_leaves_every_message_in_the_dlq() {
     assert_eq!(queue(&ns.target, "dlq").len(), 6, "every message stays");
     assert!(queue(&ns.target, "source").is_empty());
     management("DELETE", &format!("users/{user}"), None);
+}
+
+/// Hostile letters from an archive redriven into RabbitMQ: empty, non-UTF-8, 2 MB, deeply
+/// nested headers and duplicated ids all arrive intact; a header name AMQP cannot carry (over
+/// 255 bytes) is refused for that message alone, which stays in the archive with its reason.
+#[test]
+fn hostile_letters_arrive_intact_or_are_refused_one_by_one() {
+    let Some(_) = require(TestBroker::Rabbitmq) else { return };
+    let ns = Namespace::create(TestBroker::Rabbitmq, &[]);
+    let mut nested = Value::String("bottom".into());
+    for _ in 0..32 {
+        nested = Value::Table(Headers::new().with("inner", nested));
+    }
+    let letter = |id: &str, body: Vec<u8>, headers: Headers| DeadLetter {
+        id: id.into(),
+        headers,
+        body: Some(body),
+        ..DeadLetter::default()
+    };
+    let hostile = [
+        letter("empty", Vec::new(), Headers::new().with("seq", 0i64)),
+        letter("binary", vec![0xff, 0xfe, 0x00, 0xc3, 0x28], Headers::new().with("seq", 1i64)),
+        letter("big", vec![b'x'; 2 << 20], Headers::new().with("seq", 2i64)),
+        letter("deep", b"{}".to_vec(), Headers::new().with("seq", 3i64).with("nested", nested)),
+        letter("twice", b"first".to_vec(), Headers::new().with("seq", 4i64)),
+        letter("twice", b"second".to_vec(), Headers::new().with("seq", 5i64)),
+        letter("long-name", b"{}".to_vec(), Headers::new().with("seq", 6i64).with("h".repeat(300), "v")),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("hostile.jsonl");
+    let lines: Vec<String> = hostile.iter().map(|l| serde_json::to_string(l).unwrap()).collect();
+    std::fs::write(&archive, lines.join("\n") + "\n").unwrap();
+    let source = format!("{}/source", ns.target.trim_end_matches("/dlq"));
+
+    let o = dlqctl(&["redrive", archive.to_str().unwrap(), "--to", &source, "--yes", "-o", "json", "-q"]);
+    assert!(!o.stdout.is_empty(), "{}", text(&o.stderr));
+    let summary = &json(&o)["summary"];
+    assert_eq!((summary["moved"].as_u64(), summary["failed"].as_u64()), (Some(6), Some(1)), "{summary}");
+    let left = std::fs::read_to_string(&archive).unwrap();
+    assert!(left.contains("long-name") && left.lines().count() == 1, "only the refused one stays: {left}");
+
+    let arrived = queue(&ns.target, "source");
+    let by_seq = |seq: i64| arrived.iter().find(|l| l.headers.get("seq") == Some(&Value::Int(seq))).unwrap();
+    for (seq, original) in hostile.iter().enumerate().take(6) {
+        let copy = by_seq(seq as i64);
+        assert_eq!(copy.body_bytes(), original.body_bytes(), "{} body", original.id);
+        assert_eq!(copy.headers.get("nested"), original.headers.get("nested"), "{} nested header", original.id);
+    }
 }

@@ -11,7 +11,7 @@ use support::{Namespace, TestBroker, counts, json, ok, records, require, seed_co
 
 fn dlqctl_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     let state = tempfile::tempdir().unwrap();
-    support::dlqctl(state.path()).args(args).envs(env.iter().copied()).output().unwrap()
+    support::output(support::dlqctl(state.path()).args(args).envs(env.iter().copied()))
 }
 
 fn letters(n: usize) -> Vec<DeadLetter> {

@@ -83,8 +83,12 @@ fn reference(v: &Value) -> Option<String> {
 
 /// SQS queues and CloudWatch alarms declared in a CloudFormation template.
 pub fn cloudformation(path: &Path) -> Result<Inventory> {
-    let text = read(path)?;
-    let doc = yaml(path, &text)?;
+    cloudformation_text(path, &read(path)?)
+}
+
+/// The same, for a CloudFormation template already read; `path` only names it in messages.
+pub fn cloudformation_text(path: &Path, text: &str) -> Result<Inventory> {
+    let doc = yaml(path, text)?;
     let Some(Value::Mapping(resources)) = doc.get("Resources") else {
         return Err(Error::Usage(format!(
             "{}: no Resources section: is this a CloudFormation template?",
@@ -97,7 +101,7 @@ pub fn cloudformation(path: &Path) -> Result<Inventory> {
         .keys()
         .filter_map(scalar)
         .map(|id| {
-            let line = line_of(&text, &id).unwrap_or(1);
+            let line = line_of(text, &id).unwrap_or(1);
             (id, line)
         })
         .collect();
@@ -110,7 +114,7 @@ pub fn cloudformation(path: &Path) -> Result<Inventory> {
     };
     let waivers_of = |id: &str, res: &Value| {
         let (from, to) = block(id);
-        let mut w = inline_waivers(&text, from, to);
+        let mut w = inline_waivers(text, from, to);
         if let Some(Value::Mapping(m)) = res.get("Metadata").and_then(|m| m.get("dlqctl")).and_then(|d| d.get("waive"))
         {
             w.extend(m.iter().filter_map(|(k, v)| Some((scalar(k)?, scalar(v)?))));
@@ -224,8 +228,12 @@ struct PromRule {
 /// Alerting rules of a Prometheus rule file that watch a DLQ by label (`queue`, `queue_name`,
 /// `topic`, `dlq`): depth unless the metric is about age.
 pub fn prometheus(path: &Path) -> Result<Inventory> {
-    let text = read(path)?;
-    let file: RuleFile = serde_norway::from_str(&text).map_err(|e| {
+    prometheus_text(path, &read(path)?)
+}
+
+/// The same, for a Prometheus rule file already read; `path` only names it in messages.
+pub fn prometheus_text(path: &Path, text: &str) -> Result<Inventory> {
+    let file: RuleFile = serde_norway::from_str(text).map_err(|e| {
         let at = e.location().map(|l| format!(":{}", l.line())).unwrap_or_default();
         Error::Usage(format!("{}{at}: not a Prometheus rule file: {e}", path.display()))
     })?;
@@ -247,7 +255,7 @@ pub fn prometheus(path: &Path) -> Result<Inventory> {
     for rule in file.groups.iter().flat_map(|g| &g.rules) {
         let (Some(name), Some(expr)) = (&rule.alert, rule.expr.as_ref().and_then(scalar)) else { continue };
         let Some(labels) = label.captures(&expr) else { continue };
-        let line = line_of_value(&text, "alert", name).unwrap_or(1);
+        let line = line_of_value(text, "alert", name).unwrap_or(1);
         let next = alert_lines.iter().find(|l| **l > line).copied().unwrap_or(text.lines().count() + 1);
         let threshold = compare.captures(expr.trim()).and_then(|c| {
             let n: f64 = c[2].parse().ok()?;
@@ -261,7 +269,7 @@ pub fn prometheus(path: &Path) -> Result<Inventory> {
             threshold,
             window: Some(rule.for_.as_deref().and_then(parse_duration).unwrap_or(Duration::ZERO)),
             location: Some(Location { file: path.to_path_buf(), line }),
-            inline_waivers: inline_waivers(&text, line, next),
+            inline_waivers: inline_waivers(text, line, next),
         });
     }
     Ok(inventory)
@@ -310,8 +318,12 @@ struct AlertEntry {
 /// window = "5m"               # after this long
 /// ```
 pub fn alert_file(path: &Path) -> Result<Inventory> {
-    let text = read(path)?;
-    let file: AlertFile = toml::from_str(&text).map_err(|e| {
+    alert_file_text(path, &read(path)?)
+}
+
+/// The same, for a dlqctl alert file already read; `path` only names it in messages.
+pub fn alert_file_text(path: &Path, text: &str) -> Result<Inventory> {
+    let file: AlertFile = toml::from_str(text).map_err(|e| {
         let line = e.span().map(|s| format!(":{}", text[..s.start].matches('\n').count() + 1)).unwrap_or_default();
         Error::Usage(format!("{}{line}: {}", path.display(), e.message().lines().next().unwrap_or_default()))
     })?;
@@ -346,7 +358,7 @@ pub fn alert_file(path: &Path) -> Result<Inventory> {
                     .ok_or_else(|| Error::Usage(format!("{}: window {w:?} is not a duration", path.display())))
             })
             .transpose()?;
-        let line = line_of_value(&text, "name", &a.name).unwrap_or(1);
+        let line = line_of_value(text, "name", &a.name).unwrap_or(1);
         inventory.alarms.push(AlarmFacts {
             name: a.name,
             queue,

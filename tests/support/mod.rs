@@ -174,7 +174,27 @@ pub fn dlqctl(state: &std::path::Path) -> std::process::Command {
 /// Run with a fresh state directory.
 pub fn run(args: &[&str]) -> std::process::Output {
     let state = tempfile::tempdir().unwrap();
-    dlqctl(state.path()).args(args).output().unwrap()
+    output(dlqctl(state.path()).args(args))
+}
+
+/// Run a command to the end and keep what it printed for the suite-wide check in `scripts/test`,
+/// which fails if any kept output holds a secret the tests hand to dlqctl (each contains
+/// `never-print`).
+pub fn output(cmd: &mut std::process::Command) -> std::process::Output {
+    let o = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    keep(&o);
+    o
+}
+
+/// Append an output to this test binary's file under `target/tmp/outputs`.
+pub fn keep(o: &std::process::Output) {
+    use std::io::Write;
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("outputs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let name = format!("{}-{}.log", exe.file_stem().unwrap().to_string_lossy(), std::process::id());
+    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(dir.join(name)).unwrap();
+    file.write_all(&[o.stdout.as_slice(), o.stderr.as_slice()].concat()).unwrap();
 }
 
 /// Run, and fail the test unless it exits 0.
