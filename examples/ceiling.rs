@@ -156,19 +156,25 @@ async fn sqs_client() -> aws_sdk_sqs::Client {
     aws_sdk_sqs::Client::new(&aws_config::load_from_env().await)
 }
 
+/// Up to ten messages with their attributes, held for five minutes.
+async fn sqs_receive(client: &aws_sdk_sqs::Client, url: &str) -> Result<Vec<aws_sdk_sqs::types::Message>> {
+    let out = client
+        .receive_message()
+        .queue_url(url)
+        .max_number_of_messages(10)
+        .visibility_timeout(300)
+        .message_attribute_names("All")
+        .send()
+        .await?;
+    Ok(out.messages.unwrap_or_default())
+}
+
 async fn sqs_read(url: &str, n: usize) -> Result<()> {
     let client = sqs_client().await;
     let mut receipts = Vec::with_capacity(n);
     while receipts.len() < n {
-        let out = client
-            .receive_message()
-            .queue_url(url)
-            .max_number_of_messages(10)
-            .visibility_timeout(300)
-            .message_attribute_names("All")
-            .send()
-            .await?;
-        receipts.extend(out.messages().iter().filter_map(|m| m.receipt_handle().map(str::to_owned)));
+        let messages = sqs_receive(&client, url).await?;
+        receipts.extend(messages.iter().filter_map(|m| m.receipt_handle().map(str::to_owned)));
     }
     for chunk in receipts.chunks(10) {
         let entries = chunk.iter().enumerate().map(|(i, r)| {
@@ -192,15 +198,7 @@ async fn sqs_move(from: &str, to: &str, n: usize) -> Result<()> {
     let client = sqs_client().await;
     let mut moved = 0;
     while moved < n {
-        let out = client
-            .receive_message()
-            .queue_url(from)
-            .max_number_of_messages(10)
-            .visibility_timeout(300)
-            .message_attribute_names("All")
-            .send()
-            .await?;
-        let messages = out.messages();
+        let messages = sqs_receive(&client, from).await?;
         if messages.is_empty() {
             continue;
         }

@@ -276,7 +276,7 @@ impl RabbitmqBroker {
     async fn open_scan(&self, queue: &str) -> Result<Scan> {
         let channel = self.channel("peeking").await?;
         self.reader.lock().await.push(channel.clone());
-        let failed = |e: lapin::Error| Error::Runtime(format!("reading {queue}: {}", amqp_error(&e)));
+        let failed = |e| read_failed(queue, e);
         channel.basic_qos(SCAN_PREFETCH, BasicQosOptions::default()).await.map_err(failed)?;
         let consumer = channel
             .basic_consume(short(queue)?, "".into(), BasicConsumeOptions::default(), FieldTable::default())
@@ -289,7 +289,7 @@ impl RabbitmqBroker {
     /// quiet a `basic.get` on the same channel tells an empty queue from a slow broker: the
     /// broker sends everything it delivered to the consumer before it answers get-empty.
     async fn scan_next(&self, scan: &mut Scan, queue: &str) -> Result<Option<lapin::message::Delivery>> {
-        let failed = |e: lapin::Error| Error::Runtime(format!("reading {queue}: {}", amqp_error(&e)));
+        let failed = |e| read_failed(queue, e);
         if scan.delivered == SCAN_PREFETCH {
             *scan = self.open_scan(queue).await?;
         }
@@ -917,7 +917,7 @@ async fn fetch(channel: &Channel, queue: &str, max: usize) -> Result<Vec<BasicGe
         let Some(reply) = in_flight.next().await else {
             return Ok(out);
         };
-        match reply.map_err(|e| Error::Runtime(format!("reading {queue}: {}", amqp_error(&e))))? {
+        match reply.map_err(|e| read_failed(queue, e))? {
             Some(message) => out.push(message),
             None => dry = true,
         }
@@ -943,6 +943,10 @@ fn short(name: &str) -> Result<ShortString> {
 }
 
 /// lapin's error text, which never includes the URI or password.
+fn read_failed(queue: &str, e: lapin::Error) -> Error {
+    Error::Runtime(format!("reading {queue}: {}", amqp_error(&e)))
+}
+
 fn amqp_error(e: &lapin::Error) -> String {
     e.to_string()
 }
