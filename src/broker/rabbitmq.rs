@@ -17,8 +17,8 @@ use futures::stream::FuturesOrdered;
 use futures::{FutureExt, StreamExt};
 use lapin::message::BasicGetMessage;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicQosOptions, BasicRejectOptions,
-    ConfirmSelectOptions, QueueDeclareOptions,
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicQosOptions,
+    BasicRejectOptions, ConfirmSelectOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
@@ -43,6 +43,9 @@ const GET_WINDOW: usize = 64;
 const SCAN_PREFETCH: u16 = 5000;
 /// How long a peek's consumer may stay quiet before the read checks whether the queue is empty.
 const SCAN_QUIET: Duration = Duration::from_millis(50);
+/// How long a redrive's consumer may stay quiet before gets take over: the broker streams in
+/// bursts (paging from disk), and a get while it streams costs more than the wait.
+const TAKE_QUIET: Duration = Duration::from_millis(250);
 const PEEK_COST: &str = "RabbitMQ has no true peek: each message is fetched and requeued, which sets its \
                          redelivered flag (and counts toward a quorum queue's delivery limit)";
 
@@ -55,7 +58,7 @@ pub struct RabbitmqBroker {
     management: String,
     options: OpenOptions,
     /// The channel that holds received, not yet settled, deliveries.
-    consumer: Mutex<Option<Channel>>,
+    consumer: Mutex<Option<Taker>>,
     /// The confirm-mode channel copies are published on; replaced after a channel error.
     publisher: Mutex<Option<Channel>>,
     /// The channels a read holds its messages on; closing them puts the messages back.
@@ -523,7 +526,7 @@ impl Broker for RabbitmqBroker {
                 };
                 match self.scan_next(&mut scan, &queue).await {
                     Ok(Some(delivery)) => {
-                        let letter = self.normalize(&queue, &delivery);
+                        let letter = self.normalize(&queue, delivery);
                         Some((Ok(letter), Some((Some(scan), remaining - 1))))
                     }
                     Ok(None) => self.end_read().await.err().map(|e| (Err(e), None)),
@@ -544,43 +547,115 @@ impl Broker for RabbitmqBroker {
         Ok(())
     }
 
+    /// Takes up to `max` messages, unacked. A consumer with a prefetch of one batch streams
+    /// them (far cheaper for the broker than a `basic.get` each); when it goes quiet, pipelined
+    /// gets fill the batch, which also covers a consumer stalled by messages the run holds back,
+    /// and an empty get marks the end of the queue.
     async fn receive(&self, max: usize) -> Result<Vec<Received>> {
         let queue = self.queue()?.to_owned();
+        let failed = |e| read_failed(&queue, e);
         let mut slot = self.consumer.lock().await;
         if slot.is_none() {
             self.guard_quorum_read(&queue).await?;
-            *slot = Some(self.channel("taking messages").await?);
+            let channel = self.channel("taking messages").await?;
+            let prefetch = u16::try_from(max).unwrap_or(u16::MAX);
+            channel.basic_qos(prefetch, BasicQosOptions::default()).await.map_err(failed)?;
+            *slot = Some(Taker { channel, consumer: None, prefetch, tags: Unsettled::default() });
         }
-        let channel = slot.as_ref().expect("set above");
-        let messages = fetch(channel, &queue, max).await?;
-        Ok(messages
+        let taker = slot.as_mut().expect("set above");
+        if taker.consumer.is_none() {
+            let consumer = taker
+                .channel
+                .basic_consume(short(&queue)?, "".into(), BasicConsumeOptions::default(), FieldTable::default())
+                .await
+                .map_err(failed)?;
+            taker.consumer = Some(consumer);
+        }
+        let consumer = taker.consumer.as_mut().expect("set above");
+        let mut deliveries = Vec::with_capacity(max);
+        while deliveries.len() < max {
+            // Messages the run holds back use up the consumer's prefetch: then only gets help.
+            let starved = taker.tags.outstanding.len() + deliveries.len() >= usize::from(taker.prefetch);
+            let next = if starved { None } else { tokio::time::timeout(TAKE_QUIET, consumer.next()).await.ok() };
+            match next {
+                Some(Some(delivery)) => deliveries.push(delivery.map_err(failed)?),
+                Some(None) => return Err(Error::Runtime(format!("reading {queue}: the broker cancelled the read"))),
+                None => {
+                    let wanted = max - deliveries.len();
+                    let got = fetch(&taker.channel, &queue, wanted).await?;
+                    let dry = got.len() < wanted;
+                    deliveries.extend(got.into_iter().map(|message| message.delivery));
+                    if dry {
+                        // The broker sends what it gave the consumer before it answers get-empty.
+                        while deliveries.len() < max {
+                            match consumer.next().now_or_never() {
+                                Some(Some(delivery)) => deliveries.push(delivery.map_err(failed)?),
+                                _ => break,
+                            }
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(deliveries
             .into_iter()
-            .map(|message| Received {
-                handle: Handle::Delivery(message.delivery.delivery_tag),
-                letter: self.normalize(&queue, &message.delivery),
+            .map(|delivery| {
+                let tag = delivery.delivery_tag;
+                taker.tags.took(tag);
+                Received { handle: Handle::Delivery(tag), letter: self.normalize(&queue, delivery) }
             })
             .collect())
     }
 
     async fn settle(&self, handles: &[Handle]) -> Result<()> {
-        let slot = self.consumer.lock().await;
-        let channel = slot.as_ref().ok_or_else(|| Error::Runtime("settle before receive".into()))?;
-        let acks = delivery_tags(handles).map(|tag| channel.basic_ack(tag, BasicAckOptions::default()));
-        for ack in futures::future::join_all(acks).await {
-            ack.map_err(|e| Error::Runtime(format!("acknowledging in {}: {}", self.shown, amqp_error(&e))))?;
+        let mut slot = self.consumer.lock().await;
+        let taker = slot.as_mut().ok_or_else(|| Error::Runtime("settle before receive".into()))?;
+        let tags: Vec<u64> = delivery_tags(handles).collect();
+        let failed = |e: lapin::Error| Error::Runtime(format!("acknowledging in {}: {}", self.shown, amqp_error(&e)));
+        match taker.tags.covering_tag(&tags) {
+            Some(last) => {
+                let options = BasicAckOptions { multiple: true };
+                taker.channel.basic_ack(last, options).await.map_err(failed)?;
+            }
+            None => {
+                let acks = tags.iter().map(|&tag| taker.channel.basic_ack(tag, BasicAckOptions::default()));
+                for ack in futures::future::join_all(acks).await {
+                    ack.map_err(failed)?;
+                }
+            }
         }
+        taker.tags.forget(&tags);
         Ok(())
     }
 
     async fn release(&self, handles: &[Handle]) -> Result<()> {
-        let slot = self.consumer.lock().await;
-        let Some(channel) = slot.as_ref() else {
+        let mut slot = self.consumer.lock().await;
+        let Some(taker) = slot.as_mut() else {
             return Ok(());
         };
+        let mut tags: Vec<u64> = delivery_tags(handles).collect();
+        if tags.is_empty() {
+            return Ok(());
+        }
+        let failed = |e: lapin::Error| Error::Runtime(format!("requeueing in {}: {}", self.shown, amqp_error(&e)));
+        // A live consumer would take the requeued messages straight back: cancel it, and put
+        // back what it had received but not handed out; the next receive starts a new one.
+        if let Some(mut consumer) = taker.consumer.take() {
+            let cancel = BasicCancelOptions::default();
+            taker.channel.basic_cancel(consumer.tag(), cancel).await.map_err(failed)?;
+            while let Some(Some(delivery)) = consumer.next().now_or_never() {
+                let tag = delivery.map_err(failed)?.delivery_tag;
+                taker.tags.took(tag);
+                tags.push(tag);
+            }
+        }
+        taker.tags.forget(&tags);
+        let channel = &taker.channel;
         let requeue = BasicRejectOptions { requeue: true };
-        let rejects = delivery_tags(handles).map(|tag| channel.basic_reject(tag, requeue));
+        let rejects = tags.iter().map(|&tag| channel.basic_reject(tag, requeue));
         for reject in futures::future::join_all(rejects).await {
-            reject.map_err(|e| Error::Runtime(format!("requeueing in {}: {}", self.shown, amqp_error(&e))))?;
+            reject.map_err(failed)?;
         }
         Ok(())
     }
@@ -644,7 +719,7 @@ impl Sink for RabbitmqBroker {
 }
 
 impl RabbitmqBroker {
-    fn normalize(&self, queue: &str, delivery: &lapin::message::Delivery) -> DeadLetter {
+    fn normalize(&self, queue: &str, delivery: lapin::message::Delivery) -> DeadLetter {
         let p = &delivery.properties;
         let headers = p.headers().as_ref().map(from_table).unwrap_or_default();
         let death = decode_x_death(&headers);
@@ -691,7 +766,7 @@ impl RabbitmqBroker {
             enqueued_at: p.timestamp().and_then(|t| seconds(t as i64)),
             headers,
             extras,
-            body: Some(delivery.data.clone()),
+            body: Some(delivery.data),
         };
         if letter.reason.kind == ReasonKind::Unknown && letter.source.name.is_none() {
             letter.reason.raw = Some("no x-death header: not dead-lettered by RabbitMQ".into());
@@ -931,6 +1006,49 @@ fn delivery_tags(handles: &[Handle]) -> impl Iterator<Item = u64> + '_ {
     })
 }
 
+/// The channel a redrive takes messages on, its consumer, and what it has not settled.
+struct Taker {
+    channel: Channel,
+    /// None until the first receive, and again after a release cancelled it.
+    consumer: Option<lapin::Consumer>,
+    prefetch: u16,
+    tags: Unsettled,
+}
+
+/// Delivery tags handed to the engine and not settled yet.
+#[derive(Debug, Default)]
+struct Unsettled {
+    outstanding: BTreeSet<u64>,
+    /// Deliveries handed out so far, and the highest tag among them: equal when no delivery
+    /// below that tag is still waiting in the consumer's buffer (tags count up from 1).
+    taken: u64,
+    highest: u64,
+}
+
+impl Unsettled {
+    fn took(&mut self, tag: u64) {
+        self.outstanding.insert(tag);
+        self.taken += 1;
+        self.highest = self.highest.max(tag);
+    }
+
+    /// The tag one `multiple` ack can settle `tags` with: their highest, when no other
+    /// delivery lies below it, outstanding or still buffered (the ack would settle it too).
+    fn covering_tag(&self, tags: &[u64]) -> Option<u64> {
+        let tags: BTreeSet<u64> = tags.iter().copied().collect();
+        let last = *tags.last()?;
+        let covered = tags.iter().all(|t| self.outstanding.contains(t));
+        let no_gap = self.taken == self.highest;
+        (covered && no_gap && self.outstanding.range(..=last).count() == tags.len()).then_some(last)
+    }
+
+    fn forget(&mut self, tags: &[u64]) {
+        for tag in tags {
+            self.outstanding.remove(tag);
+        }
+    }
+}
+
 /// A peek in progress: the channel it reads on now and that channel's consumer.
 struct Scan {
     channel: Channel,
@@ -1135,6 +1253,24 @@ mod tests {
         }
         let long = "k".repeat(256);
         assert!(to_table(&Headers::new().with(long, 1i64)).unwrap_err().contains("255"));
+    }
+
+    #[test]
+    fn one_multiple_ack_only_when_it_settles_nothing_else() {
+        let mut tags = Unsettled::default();
+        (1..=5).for_each(|t| tags.took(t));
+        assert_eq!(tags.covering_tag(&[3, 1, 2]), Some(3));
+        // 2 is held back: acking up to 3 would settle it too.
+        assert_eq!(tags.covering_tag(&[1, 3]), None);
+        tags.forget(&[1, 2, 3]);
+        assert_eq!(tags.covering_tag(&[4, 5]), Some(5));
+        // 7 was handed out but 6 still waits in the consumer's buffer.
+        tags.took(7);
+        assert_eq!(tags.covering_tag(&[4, 5, 7]), None);
+        tags.took(6);
+        assert_eq!(tags.covering_tag(&[4, 5, 6, 7]), Some(7));
+        assert_eq!(tags.covering_tag(&[8]), None, "never handed out");
+        assert_eq!(tags.covering_tag(&[]), None);
     }
 
     #[test]

@@ -295,8 +295,12 @@ async fn publish_with_retries(sink: &dyn Sink, moves: &[Move], retries: u32) -> 
     let mut results: Vec<Option<Result<(), PublishError>>> = vec![None; copies.len()];
     let mut pending: Vec<usize> = (0..copies.len()).collect();
     for attempt in 0..=retries {
-        let batch: Vec<(DeadLetter, Destination)> = pending.iter().map(|&i| copies[i].clone()).collect();
-        let outcome = sink.publish(&batch).await;
+        let outcome = if attempt == 0 {
+            sink.publish(&copies).await
+        } else {
+            let batch: Vec<(DeadLetter, Destination)> = pending.iter().map(|&i| copies[i].clone()).collect();
+            sink.publish(&batch).await
+        };
         let mut again = Vec::new();
         for (&i, result) in pending.iter().zip(outcome) {
             match result {
