@@ -21,7 +21,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Headers as _, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::message::{BorrowedMessage, Headers as _, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use rdkafka::{Offset, TopicPartitionList};
 use regex::Regex;
@@ -208,7 +208,7 @@ impl KafkaBroker {
         settled
     }
 
-    fn normalize(&self, m: &OwnedMessage) -> DeadLetter {
+    fn normalize(&self, m: &impl Message) -> DeadLetter {
         let mut headers = Headers::new();
         if let Some(hs) = m.headers() {
             for h in hs.iter() {
@@ -258,8 +258,12 @@ impl KafkaBroker {
 }
 
 impl Reader {
-    /// The next record within the read's bounds, or `None` at the end.
-    async fn next(&mut self) -> Option<std::result::Result<OwnedMessage, KafkaError>> {
+    /// The next record within the read's bounds, or `None` at the end, passed through `f`
+    /// while librdkafka still owns it (copying it out first would double the read's work).
+    async fn next<T>(
+        &mut self,
+        f: impl FnOnce(&BorrowedMessage<'_>) -> T,
+    ) -> Option<std::result::Result<T, KafkaError>> {
         loop {
             if self.positions.values().all(|(next, end)| next >= end) {
                 return None;
@@ -280,7 +284,7 @@ impl Reader {
             if self.skip.get(&p).is_some_and(|s| s.contains(&o)) {
                 continue;
             }
-            return Some(Ok(message.detach()));
+            return Some(Ok(f(&message)));
         }
     }
 }
@@ -445,8 +449,8 @@ impl Broker for KafkaBroker {
             if remaining == 0 {
                 return None;
             }
-            let item = match reader.next().await? {
-                Ok(m) => Ok(self.normalize(&m)),
+            let item = match reader.next(|m| self.normalize(m)).await? {
+                Ok(letter) => Ok(letter),
                 Err(e) => Err(Error::Runtime(format!("reading {}: {e}", self.shown))),
             };
             self.read.fetch_add(1, Ordering::Relaxed);
@@ -473,10 +477,9 @@ impl Broker for KafkaBroker {
         let reader = slot.as_mut().expect("set above");
         let mut out = Vec::with_capacity(max);
         while out.len() < max {
-            let Some(next) = reader.next().await else { break };
-            let m = next.map_err(|e| Error::Runtime(format!("reading {}: {e}", self.shown)))?;
-            let handle = self.handed.issue((m.partition(), m.offset()));
-            out.push(Received { handle, letter: self.normalize(&m) });
+            let Some(next) = reader.next(|m| ((m.partition(), m.offset()), self.normalize(m))).await else { break };
+            let (position, letter) = next.map_err(|e| Error::Runtime(format!("reading {}: {e}", self.shown)))?;
+            out.push(Received { handle: self.handed.issue(position), letter });
         }
         Ok(out)
     }
@@ -652,8 +655,9 @@ impl KafkaBroker {
         let mut sources = BTreeSet::new();
         let want = if with_sources { SOURCE_SAMPLE } else { marks.len() };
         for _ in 0..want {
-            let Some(Ok(m)) = reader.next().await else { break };
-            let letter = self.normalize(&m);
+            let Some(Ok((partition, letter))) = reader.next(|m| (m.partition(), self.normalize(m))).await else {
+                break;
+            };
             if let Some(t) = letter.last_failed_at {
                 oldest = Some(oldest.map_or(t, |o| o.min(t)));
             }
@@ -662,7 +666,7 @@ impl KafkaBroker {
             }
             if !with_sources {
                 // One record per partition is enough for the oldest time.
-                if let Some((next, end)) = reader.positions.get_mut(&m.partition()) {
+                if let Some((next, end)) = reader.positions.get_mut(&partition) {
                     *next = *end;
                 }
             }
