@@ -50,6 +50,11 @@ pub struct Cli {
     #[arg(short, long, global = true)]
     pub quiet: bool,
 
+    /// Longest wait, in seconds, for any one answer from a broker (connect, read, publish,
+    /// settle) before the run stops with an error instead of hanging on a stalled connection.
+    #[arg(long, global = true, value_name = "SECONDS", default_value_t = 30.0, value_parser = positive_seconds)]
+    pub timeout: f64,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -294,4 +299,12 @@ pub enum LintFormat {
     Json,
     /// SARIF 2.1.0, for GitHub code scanning.
     Sarif,
+}
+
+/// `--timeout`: a positive number of seconds, fractions allowed.
+fn positive_seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(n) if n > 0.0 && n.is_finite() && n <= 86_400.0 => Ok(n),
+        _ => Err("a number of seconds above 0 (at most a day)".into()),
+    }
 }

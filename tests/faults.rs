@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use dlqctl::model::{DeadLetter, Headers, Value};
 use dlqctl::redrive::REDRIVE_ID_HEADER;
+use support::proxy::Proxy;
 use support::{Namespace, TestBroker, localstack_env, records, require};
 
 const MESSAGES: usize = 1000;
@@ -186,10 +187,53 @@ fn restart(broker: TestBroker) {
     assert!(status.success(), "restarting {}", broker.name());
 }
 
-/// The broker goes away two seconds into a 1,000-message redrive paced at 200/s, for two
-/// seconds. The run either rides it out (where the client reconnects safely) or stops with
-/// one clear line; `--resume` then finishes, and nothing is lost.
-fn restart_mid_redrive(broker: TestBroker) {
+/// What goes wrong two seconds into a run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fault {
+    /// The broker goes away for two seconds (`scripts/brokers restart`).
+    Restart,
+    /// A proxy between dlqctl and the broker shuts every connection.
+    Cut,
+    /// A proxy between dlqctl and the broker stops passing bytes and keeps the sockets open.
+    Stall,
+}
+
+/// Seconds dlqctl waits for one answer in the proxy trials (`--timeout`).
+const TIMEOUT: &str = "3";
+
+/// `dlqctl` and the target it reaches the DLQ by: through `proxy` when there is one (the
+/// broker's port in the target: RabbitMQ's AMQP port, the SQS endpoint's).
+fn through(
+    proxy: Option<&Proxy>,
+    broker: TestBroker,
+    target: &str,
+    state: &std::path::Path,
+) -> (std::process::Command, String) {
+    let mut cmd = support::dlqctl(state);
+    cmd.args(["--timeout", TIMEOUT]);
+    let target = match (proxy, broker) {
+        (None, _) => target.to_owned(),
+        (Some(p), TestBroker::Rabbitmq) => {
+            let direct = format!(":{}/", broker.addr().port());
+            assert!(target.contains(&direct), "{target}");
+            target.replacen(&direct, &format!(":{}/", p.port), 1)
+        }
+        (Some(p), TestBroker::Sqs) => {
+            let direct = format!("endpoint=http://127.0.0.1:{}", broker.addr().port());
+            assert!(target.contains(&direct), "{target}");
+            target.replacen(&direct, &format!("endpoint=http://127.0.0.1:{}", p.port), 1)
+        }
+        (Some(_), TestBroker::Kafka) => {
+            unreachable!("Kafka clients reconnect to the advertised address, not the proxy")
+        }
+    };
+    (cmd, target)
+}
+
+/// Two seconds into a 1,000-message redrive paced at 200/s, `fault` strikes. The run either
+/// rides it out (where the client reconnects safely) or stops with one clear line within
+/// bounded time (a stall: after `--timeout`); `--resume` then finishes, and nothing is lost.
+fn fault_mid_redrive(broker: TestBroker, fault: Fault) {
     if require(broker).is_none() {
         return;
     }
@@ -197,24 +241,46 @@ fn restart_mid_redrive(broker: TestBroker) {
     let ns = Namespace::create(broker, &letters());
     let source = source_of(broker, &ns.target);
     let state = tempfile::tempdir().unwrap();
-    let mut child = support::dlqctl(state.path())
-        .args(["redrive", &ns.target, "--mode", "client", "--yes", "--rate", "200", "-q"])
+    let proxy = (fault != Fault::Restart).then(|| Proxy::start(broker.addr()));
+    let (mut cmd, target) = through(proxy.as_ref(), broker, &ns.target, state.path());
+    let mut child = cmd
+        .args(["redrive"])
+        .arg(&target)
+        .args(["--mode", "client", "--yes", "--rate", "200", "-q"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_secs(2));
-    restart(broker);
-    let status = wait_bounded(&mut child, Duration::from_secs(120), "a redrive across a restart");
+    match (fault, &proxy) {
+        (Fault::Restart, _) => restart(broker),
+        (Fault::Cut, Some(p)) => p.cut(),
+        (Fault::Stall, Some(p)) => p.stall(),
+        _ => unreachable!(),
+    }
+    let status = wait_bounded(&mut child, Duration::from_secs(120), "a redrive across a fault");
     let mut stderr = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    if fault == Fault::Stall {
+        assert!(!status.success(), "a stalled broker cannot have confirmed every copy: {stderr}");
+        assert!(stderr.contains("no answer to"), "the error names the stalled call: {stderr}");
+    }
     if !status.success() {
         assert_eq!(status.code(), Some(1), "{stderr}");
         assert!(stderr.lines().any(|l| l.starts_with("dlqctl: ")), "no clear error: {stderr}");
     }
-    eprintln!("{}: redrive across a restart ended with {status}: {}", broker.name(), stderr.trim());
+    eprintln!("{}: redrive across {fault:?} ended with {status}: {}", broker.name(), stderr.trim());
+    if let Some(p) = &proxy {
+        // The stalled connections still hold what the run took: closing them gives it back.
+        // The link then works again, for the resume (which must name the same target).
+        p.pass();
+        p.cut();
+    }
+    if broker == TestBroker::Sqs {
+        wait_until_nothing_in_flight(&ns.target);
+    }
     check(&ns.target, &source);
-    resume(state.path(), &ns.target, "resume after a restart");
+    resume(state.path(), &target, &format!("resume after {fault:?}"));
     let (left, dups) = check(&ns.target, &source);
     assert_eq!(left, 0, "every message ends at its source");
     assert!(dups <= 10, "duplicates are bounded by --batch, got {dups}");
@@ -261,12 +327,32 @@ fn restart_mid_export(broker: TestBroker) {
 
 #[test]
 fn rabbitmq_restart_mid_redrive_loses_nothing() {
-    restart_mid_redrive(TestBroker::Rabbitmq);
+    fault_mid_redrive(TestBroker::Rabbitmq, Fault::Restart);
 }
 
 #[test]
 fn kafka_restart_mid_redrive_loses_nothing() {
-    restart_mid_redrive(TestBroker::Kafka);
+    fault_mid_redrive(TestBroker::Kafka, Fault::Restart);
+}
+
+#[test]
+fn rabbitmq_connection_cut_mid_redrive_loses_nothing() {
+    fault_mid_redrive(TestBroker::Rabbitmq, Fault::Cut);
+}
+
+#[test]
+fn rabbitmq_connection_stall_mid_redrive_stops_in_time() {
+    fault_mid_redrive(TestBroker::Rabbitmq, Fault::Stall);
+}
+
+#[test]
+fn sqs_connection_cut_mid_redrive_loses_nothing() {
+    fault_mid_redrive(TestBroker::Sqs, Fault::Cut);
+}
+
+#[test]
+fn sqs_connection_stall_mid_redrive_stops_in_time() {
+    fault_mid_redrive(TestBroker::Sqs, Fault::Stall);
 }
 
 #[test]

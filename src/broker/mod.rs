@@ -13,6 +13,7 @@ use crate::model::DeadLetter;
 use crate::target::{ArchiveTarget, Target};
 
 pub mod archive;
+pub mod bounded;
 pub mod kafka;
 pub mod rabbitmq;
 pub mod sqs;
@@ -173,9 +174,14 @@ pub struct Received {
     pub letter: DeadLetter,
 }
 
+/// How long one call to a broker may take unless `--timeout` says otherwise.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Options that shape how a backend reads.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct OpenOptions {
+    /// The longest any one call to the broker may take (`--timeout`).
+    pub timeout: Duration,
     /// Skip archive lines that are not dead letters instead of stopping at the first.
     pub skip_invalid: bool,
     /// Read even where reading can dead-letter messages again (a quorum DLQ with a delivery limit).
@@ -184,6 +190,18 @@ pub struct OpenOptions {
     pub from_beginning: bool,
     /// Kafka: redrive to the original partition rather than by key.
     pub keep_partition: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            timeout: DEFAULT_TIMEOUT,
+            skip_invalid: false,
+            force: false,
+            from_beginning: false,
+            keep_partition: false,
+        }
+    }
 }
 
 #[async_trait]
@@ -263,8 +281,14 @@ pub trait Broker: Send + Sync {
     }
 }
 
-/// Open the backend for a target.
+/// Open the backend for a target, every call to it bounded by `options.timeout`.
 pub async fn open(target: &Target, options: &OpenOptions) -> Result<Box<dyn Broker>> {
+    let shown = target.to_string();
+    let inner = bounded::within(options.timeout, &shown, "connecting", open_unbounded(target, options)).await?;
+    Ok(Box::new(bounded::Bounded::new(inner, options.timeout, shown)))
+}
+
+async fn open_unbounded(target: &Target, options: &OpenOptions) -> Result<Box<dyn Broker>> {
     match target {
         Target::Archive(t) => Ok(Box::new(archive::ArchiveBroker::open(t.clone(), options).await?)),
         Target::Rabbitmq(t) => Ok(Box::new(rabbitmq::RabbitmqBroker::open(t, target.to_string(), options).await?)),
@@ -289,8 +313,15 @@ pub fn sink_destination(target: &Target) -> Result<Destination> {
     }
 }
 
-/// Open `--to TARGET` as a sink (after [`sink_destination`] accepted it).
-pub async fn open_sink(target: &Target) -> Result<Box<dyn Sink>> {
+/// Open `--to TARGET` as a sink (after [`sink_destination`] accepted it), every publish
+/// bounded by `timeout`.
+pub async fn open_sink(target: &Target, timeout: Duration) -> Result<Box<dyn Sink>> {
+    let shown = target.to_string();
+    let inner = bounded::within(timeout, &shown, "connecting", open_sink_unbounded(target)).await?;
+    Ok(Box::new(bounded::BoundedSink::new(inner, timeout, shown)))
+}
+
+async fn open_sink_unbounded(target: &Target) -> Result<Box<dyn Sink>> {
     match target {
         Target::Archive(ArchiveTarget::File(path)) => Ok(Box::new(archive::ArchiveSink::open(path).await?)),
         Target::Rabbitmq(t) => {

@@ -2,7 +2,7 @@
 //! when a finding reaches `--fail-on`.
 
 use super::Context;
-use crate::broker::{self, OpenOptions};
+use crate::broker;
 use crate::cli::{LintArgs, LintFormat};
 use crate::error::{Error, Result};
 use crate::lint::{Inventory, offline, report, rules};
@@ -18,7 +18,7 @@ pub async fn run(ctx: &mut Context, args: &LintArgs) -> Result<()> {
     let mut inventory = Inventory::default();
     for b in &args.brokers {
         let target = ctx.config.resolve(b)?;
-        let broker = broker::open(&target, &OpenOptions::default()).await?;
+        let broker = broker::open(&target, &ctx.open_options()).await?;
         inventory.extend(broker.lint_inventory().await?);
     }
     for path in &args.templates {

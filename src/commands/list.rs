@@ -4,13 +4,13 @@ use comfy_table::Color;
 use serde_json::json;
 
 use super::{Context, format_age};
-use crate::broker::{self, OpenOptions};
+use crate::broker;
 use crate::cli::ListArgs;
 use crate::error::Result;
 
 pub async fn run(ctx: &mut Context, args: &ListArgs) -> Result<()> {
     let target = ctx.config.resolve(&args.target)?;
-    let broker = broker::open(&target, &OpenOptions::default()).await?;
+    let broker = broker::open(&target, &ctx.open_options()).await?;
     let dlqs = broker.list().await?;
     if ctx.out.is_json() {
         return ctx.out.json_line(&json!({ "target": target.to_string(), "dlqs": dlqs }));

@@ -28,6 +28,8 @@ mod summarize;
 pub struct Context {
     pub config: Config,
     pub out: Output,
+    /// `--timeout`: the longest wait for any one answer from a broker.
+    pub timeout: Duration,
 }
 
 impl Context {
@@ -40,6 +42,7 @@ impl Context {
     pub async fn open_with(&self, read: &ReadArgs, extra: OpenOptions) -> Result<(Target, Box<dyn Broker>)> {
         let target = self.config.resolve(&read.target)?;
         let options = OpenOptions {
+            timeout: self.timeout,
             skip_invalid: read.skip_invalid,
             force: read.force,
             from_beginning: read.from_beginning,
@@ -81,6 +84,11 @@ impl Context {
         })
     }
 
+    /// Options for verbs that only list or lint.
+    pub fn open_options(&self) -> OpenOptions {
+        OpenOptions { timeout: self.timeout, ..OpenOptions::default() }
+    }
+
     /// `--redact` fields plus the config file's `[redact] fields`.
     pub fn redactor(&self, args: &RedactArgs) -> Redactor {
         Redactor::new(self.config.redact.fields.iter().chain(&args.fields))
@@ -109,7 +117,7 @@ pub fn run(cli: Cli) -> ExitCode {
 fn execute(cli: Cli) -> Result<()> {
     let config = Config::load(cli.config.as_deref())?;
     let out = Output::new(cli.output, cli.color, cli.quiet);
-    let mut ctx = Context { config, out };
+    let mut ctx = Context { config, out, timeout: Duration::from_secs_f64(cli.timeout) };
     // One thread is plenty for a CLI that waits on I/O, and it starts fastest.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)] // each test crate uses the part it needs
 
+pub mod proxy;
+
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 

@@ -145,7 +145,7 @@ pub async fn run(ctx: &mut Context, args: &RedriveArgs) -> Result<()> {
         },
     )?;
     let owned_sink: Option<Box<dyn Sink>> = match &to {
-        Some(to) => Some(broker::open_sink(to).await?),
+        Some(to) => Some(broker::open_sink(to, ctx.timeout).await?),
         None => None,
     };
     let sink: Option<&dyn Sink> = owned_sink.as_deref().or_else(|| source.source_sink());

@@ -1,0 +1,191 @@
+//! Every broker call bounded in time, once for all backends. A cut connection fails fast in
+//! every client library, but a stalled one (a half-open TCP connection, a hung proxy, a broker
+//! that stops answering) can leave a call waiting for minutes or for ever: heartbeats,
+//! socket timeouts and SDK defaults differ from one library to the next. Here each call gets
+//! the same `--timeout`, and running out of it is an error that names the call.
+
+use std::future::Future;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+
+use super::{
+    Broker, Capabilities, Description, Destination, Failure, Handle, LetterStream, MoveTask, PublishError, Received,
+    Sink,
+};
+use crate::error::{Error, Result};
+use crate::model::DeadLetter;
+
+/// A backend whose every call to the broker must answer within `limit`.
+pub struct Bounded {
+    inner: Box<dyn Broker>,
+    limit: Duration,
+    /// The target as printed, password masked.
+    shown: String,
+}
+
+impl Bounded {
+    pub fn new(inner: Box<dyn Broker>, limit: Duration, shown: String) -> Self {
+        Bounded { inner, limit, shown }
+    }
+
+    async fn within<T>(&self, what: &str, call: impl Future<Output = Result<T>>) -> Result<T> {
+        within(self.limit, &self.shown, what, call).await
+    }
+}
+
+/// `call`, or an error naming `what` and `shown` when it has not answered within `limit`.
+pub async fn within<T>(limit: Duration, shown: &str, what: &str, call: impl Future<Output = Result<T>>) -> Result<T> {
+    tokio::time::timeout(limit, call).await.unwrap_or_else(|_| Err(stalled(limit, shown, what)))
+}
+
+fn stalled(limit: Duration, shown: &str, what: &str) -> Error {
+    Error::Runtime(format!(
+        "{shown}: no answer to {what} within {}s: the broker or the network stalled \
+         (raise --timeout if the broker is only slow)",
+        limit.as_secs_f64()
+    ))
+}
+
+#[async_trait]
+impl Broker for Bounded {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn describe(&self) -> Result<Description> {
+        self.within("describing the DLQ", self.inner.describe()).await
+    }
+
+    async fn list(&self) -> Result<Vec<Description>> {
+        self.within("listing DLQs", self.inner.list()).await
+    }
+
+    /// Each message of the read must arrive within the limit, not the whole read.
+    async fn peek(&self, limit: Option<u64>) -> Result<LetterStream<'_>> {
+        let letters = self.within("starting a read", self.inner.peek(limit)).await?;
+        Ok(futures::stream::unfold(Some(letters), move |letters| async move {
+            let mut letters = letters?;
+            match tokio::time::timeout(self.limit, letters.next()).await {
+                Ok(Some(item)) => Some((item, Some(letters))),
+                Ok(None) => None,
+                Err(_) => Some((Err(stalled(self.limit, &self.shown, "reading the next message")), None)),
+            }
+        })
+        .boxed())
+    }
+
+    async fn receive(&self, max: usize) -> Result<Vec<Received>> {
+        self.within("taking messages", self.inner.receive(max)).await
+    }
+
+    async fn settle(&self, handles: &[Handle]) -> Result<()> {
+        self.within("removing moved messages", self.inner.settle(handles)).await
+    }
+
+    async fn release(&self, handles: &[Handle]) -> Result<()> {
+        self.within("putting messages back", self.inner.release(handles)).await
+    }
+
+    fn source_destination(&self, letter: &DeadLetter) -> Option<Destination> {
+        self.inner.source_destination(letter)
+    }
+
+    fn source_sink(&self) -> Option<&dyn Sink> {
+        self.inner.source_sink().map(|_| self as &dyn Sink)
+    }
+
+    async fn start_move_task(&self, rate: Option<u32>) -> Result<String> {
+        self.within("starting a move task", self.inner.start_move_task(rate)).await
+    }
+
+    async fn move_task(&self) -> Result<Option<MoveTask>> {
+        self.within("asking for the move task", self.inner.move_task()).await
+    }
+
+    async fn cancel_move_task(&self) -> Result<MoveTask> {
+        self.within("cancelling the move task", self.inner.cancel_move_task()).await
+    }
+
+    async fn end_read(&self) -> Result<()> {
+        self.within("ending the read", self.inner.end_read()).await
+    }
+
+    async fn lint_inventory(&self) -> Result<crate::lint::Inventory> {
+        self.within("describing the configuration", self.inner.lint_inventory()).await
+    }
+
+    fn read_notes(&self) -> Vec<String> {
+        self.inner.read_notes()
+    }
+}
+
+#[async_trait]
+impl Sink for Bounded {
+    async fn publish(&self, batch: &[(DeadLetter, Destination)]) -> Vec<std::result::Result<(), PublishError>> {
+        let sink = self.inner.source_sink().expect("offered only when the backend has one");
+        publish_within(sink, batch, self.limit, &self.shown).await
+    }
+}
+
+/// A `--to` sink whose every publish must be confirmed within `limit`.
+pub struct BoundedSink {
+    inner: Box<dyn Sink>,
+    limit: Duration,
+    shown: String,
+}
+
+impl BoundedSink {
+    pub fn new(inner: Box<dyn Sink>, limit: Duration, shown: String) -> Self {
+        BoundedSink { inner, limit, shown }
+    }
+}
+
+#[async_trait]
+impl Sink for BoundedSink {
+    async fn publish(&self, batch: &[(DeadLetter, Destination)]) -> Vec<std::result::Result<(), PublishError>> {
+        publish_within(self.inner.as_ref(), batch, self.limit, &self.shown).await
+    }
+}
+
+/// A publish without its confirmations in time is a transient failure of every copy: the
+/// originals stay in the DLQ, and a copy that did arrive is a bounded, labelled duplicate.
+async fn publish_within(
+    sink: &dyn Sink,
+    batch: &[(DeadLetter, Destination)],
+    limit: Duration,
+    shown: &str,
+) -> Vec<std::result::Result<(), PublishError>> {
+    match tokio::time::timeout(limit, sink.publish(batch)).await {
+        Ok(results) => results,
+        Err(_) => {
+            let message = stalled(limit, shown, "publishing copies").to_string();
+            batch.iter().map(|_| Err(PublishError { failure: Failure::Transient, message: message.clone() })).collect()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_call_that_never_answers_fails_naming_it() {
+        let never = std::future::pending::<Result<()>>();
+        let e = within(Duration::from_millis(20), "rabbitmq://h/v/dlq", "taking messages", never).await.unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("rabbitmq://h/v/dlq: no answer to taking messages within 0.02s"), "{text}");
+        assert!(text.contains("--timeout"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_call_that_answers_in_time_passes_through() {
+        let quick = async { Ok(7) };
+        assert_eq!(within(Duration::from_secs(5), "t", "x", quick).await.unwrap(), 7);
+    }
+}
