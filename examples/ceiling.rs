@@ -147,8 +147,9 @@ async fn kafka_move(brokers: &str, from: &str, to: &str, n: usize) -> Result<()>
         for report in reports {
             report.await?.map_err(|(e, _)| e)?;
         }
+        // Settle the window, as every move must before it takes more.
+        consumer.commit_consumer_state(rdkafka::consumer::CommitMode::Sync)?;
     }
-    consumer.commit_consumer_state(rdkafka::consumer::CommitMode::Sync)?;
     Ok(())
 }
 
