@@ -568,10 +568,14 @@ def fixture_kafka(namespace, letters, partitions=1, with_source=True):
 
     topic = namespace + ".DLT"
     admin = kafka_admin()  # must outlive its futures
-    topics = [NewTopic(topic, partitions, 1)] + ([NewTopic(namespace, partitions, 1)] if with_source else [])
+    # Topics take records up to 16 MB, as production DLTs for large payloads are configured.
+    big = {"max.message.bytes": str(16 * 1024 * 1024)}
+    topics = [NewTopic(topic, partitions, 1, config=big)] + \
+        ([NewTopic(namespace, partitions, 1, config=big)] if with_source else [])
     for f in admin.create_topics(topics).values():
         f.result(timeout=30)
-    producer = Producer({"bootstrap.servers": KAFKA, "enable.idempotence": True, "acks": "all"})
+    producer = Producer({"bootstrap.servers": KAFKA, "enable.idempotence": True, "acks": "all",
+                         "message.max.bytes": 16 * 1024 * 1024})
     for seq, body, headers in letters:
         spring = [("kafka_dlt-exception-fqcn", b"java.lang.IllegalStateException"),
                   ("kafka_dlt-original-topic", namespace.encode()),

@@ -43,6 +43,10 @@ pub struct NamedTarget {
     /// The name of an environment variable holding the password.
     #[serde(default)]
     password_env: Option<String>,
+    /// Kafka only: librdkafka properties (`security.protocol`, `sasl.mechanism`,
+    /// `sasl.username`, `ssl.ca.location`, ...); the password goes in `password[_env]`.
+    #[serde(default)]
+    kafka: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -99,13 +103,28 @@ impl Config {
             })?),
             (None, None) => None,
         };
+        if !named.kafka.is_empty() && !matches!(target, Target::Kafka(_)) {
+            return Err(Error::Usage(format!(
+                "target {input:?} in config file {where_}: [targets.{input}.kafka] applies to kafka:// targets only"
+            )));
+        }
+        if let Some(secret) = named.kafka.keys().find(|k| k.ends_with(".password") || k.contains("secret")) {
+            return Err(Error::Usage(format!(
+                "target {input:?} in config file {where_}: {secret} is a secret; give the SASL password as \
+                 password_env (or password) so it is masked, and keep key passwords out of the file"
+            )));
+        }
+        if let Target::Kafka(t) = &mut target {
+            t.client = named.kafka.clone();
+        }
         if let Some(password) = password {
             match &mut target {
                 Target::Rabbitmq(t) => t.password = Some(Secret::new(password)),
+                Target::Kafka(t) => t.sasl_password = Some(Secret::new(password)),
                 other => {
                     return Err(Error::Usage(format!(
-                        "target {input:?} in config file {where_}: a password applies to rabbitmq:// targets, \
-                         not {}",
+                        "target {input:?} in config file {where_}: a password applies to rabbitmq:// and kafka:// \
+                         targets, not {}",
                         other.scheme()
                     )));
                 }

@@ -3,6 +3,7 @@
 //! Parsing is ours rather than the `url` crate's because Kafka targets carry several
 //! `host:port` pairs in the authority, which no URL parser accepts.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 
@@ -60,6 +61,17 @@ pub struct RabbitmqTarget {
     /// straight to `queue`.
     pub exchange: Option<String>,
     pub routing_key: Option<String>,
+    /// `rabbitmqs://` or `amqps://`: AMQP over TLS, with these files.
+    pub tls: Option<TlsFiles>,
+}
+
+/// PEM files for a TLS connection: a CA to trust besides the system's, and a client
+/// certificate with its private key for brokers that ask for one.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TlsFiles {
+    pub ca: Option<PathBuf>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -86,10 +98,16 @@ pub struct KafkaTarget {
     pub group: String,
     /// Which topics `list` takes for dead-letter topics (a regular expression).
     pub pattern: Option<String>,
+    /// librdkafka properties from the config file (`security.protocol`, `sasl.*`, `ssl.*`):
+    /// never part of the URL, never printed.
+    pub client: BTreeMap<String, String>,
+    /// `sasl.password`, from the config file's `password` or `password_env`.
+    pub sasl_password: Option<Secret>,
 }
 
 pub const DEFAULT_KAFKA_GROUP: &str = "dlqctl";
 const RABBITMQ_DEFAULT_PORT: u16 = 5672;
+const RABBITMQ_TLS_DEFAULT_PORT: u16 = 5671;
 const KAFKA_DEFAULT_PORT: u16 = 9092;
 
 const FORMS: &str = "rabbitmq://USER:PASS@HOST:PORT/VHOST/QUEUE, sqs://QUEUE, an SQS queue URL or ARN, \
@@ -111,7 +129,8 @@ impl Target {
         let parts = UrlParts::split(rest);
         let shown = mask_input(input);
         match scheme.to_ascii_lowercase().as_str() {
-            "rabbitmq" | "amqp" => parse_rabbitmq(&parts, &shown),
+            "rabbitmq" | "amqp" => parse_rabbitmq(&parts, &shown, false),
+            "rabbitmqs" | "amqps" => parse_rabbitmq(&parts, &shown, true),
             "sqs" => parse_sqs(&parts, &shown),
             "http" | "https" => Ok(Target::Sqs(SqsTarget {
                 queue: Some(SqsQueue::Url(input.to_owned())),
@@ -152,7 +171,8 @@ impl fmt::Display for Target {
             Target::Archive(ArchiveTarget::Stdin) => f.write_str("-"),
             Target::Archive(ArchiveTarget::File(p)) => write!(f, "{}", p.display()),
             Target::Rabbitmq(t) => {
-                write!(f, "rabbitmq://{}", encode(&t.user))?;
+                let scheme = if t.tls.is_some() { "rabbitmqs" } else { "rabbitmq" };
+                write!(f, "{scheme}://{}", encode(&t.user))?;
                 if t.password.is_some() {
                     f.write_str(":****")?;
                 }
@@ -160,10 +180,15 @@ impl fmt::Display for Target {
                 if let Some(q) = &t.queue {
                     write!(f, "/{}", encode(q))?;
                 }
+                let tls = t.tls.clone().unwrap_or_default();
+                let path = |p: Option<PathBuf>| p.map(|p| p.display().to_string());
                 let query: Vec<String> = [
                     ("management", t.management.as_deref().map(mask_input)),
                     ("exchange", t.exchange.clone()),
                     ("routing_key", t.routing_key.clone()),
+                    ("cacert", path(tls.ca)),
+                    ("cert", path(tls.cert)),
+                    ("key", path(tls.key)),
                 ]
                 .into_iter()
                 .filter_map(|(k, v)| v.map(|v| format!("{k}={v}")))
@@ -289,7 +314,7 @@ fn parse_host_port(hostport: &str, default_port: u16, shown: &str) -> Result<(St
     Ok((host.to_owned(), port))
 }
 
-fn parse_rabbitmq(parts: &UrlParts, shown: &str) -> Result<Target> {
+fn parse_rabbitmq(parts: &UrlParts, shown: &str, tls: bool) -> Result<Target> {
     let (user, password) = match parts.userinfo {
         None => ("guest".to_owned(), None),
         Some(info) => match info.split_once(':') {
@@ -297,7 +322,8 @@ fn parse_rabbitmq(parts: &UrlParts, shown: &str) -> Result<Target> {
             None => (decode(info, "user", shown)?, None),
         },
     };
-    let (host, port) = parse_host_port(parts.hosts, RABBITMQ_DEFAULT_PORT, shown)?;
+    let default_port = if tls { RABBITMQ_TLS_DEFAULT_PORT } else { RABBITMQ_DEFAULT_PORT };
+    let (host, port) = parse_host_port(parts.hosts, default_port, shown)?;
     let segments = parts.path_segments();
     if segments.len() > 2 {
         return Err(Error::Usage(format!(
@@ -325,13 +351,31 @@ fn parse_rabbitmq(parts: &UrlParts, shown: &str) -> Result<Target> {
         management: None,
         exchange: None,
         routing_key: None,
+        tls: tls.then(TlsFiles::default),
     };
-    for (key, value) in parts.query_pairs(&["management", "exchange", "routing_key"], shown)? {
-        match key {
-            "management" => target.management = Some(value),
-            "exchange" => target.exchange = Some(value),
-            _ => target.routing_key = Some(value),
+    let keys: &[&str] = if tls {
+        &["management", "exchange", "routing_key", "cacert", "cert", "key"]
+    } else {
+        &["management", "exchange", "routing_key"]
+    };
+    for (key, value) in parts.query_pairs(keys, shown)? {
+        match (key, target.tls.as_mut()) {
+            ("management", _) => target.management = Some(value),
+            ("exchange", _) => target.exchange = Some(value),
+            ("routing_key", _) => target.routing_key = Some(value),
+            ("cacert", Some(files)) => files.ca = Some(PathBuf::from(value)),
+            ("cert", Some(files)) => files.cert = Some(PathBuf::from(value)),
+            (_, Some(files)) => files.key = Some(PathBuf::from(value)),
+            (_, None) => unreachable!("TLS keys are accepted only for a TLS target"),
         }
+    }
+    if let Some(files) = &target.tls
+        && files.cert.is_some() != files.key.is_some()
+    {
+        return Err(Error::Usage(format!(
+            "target {shown:?} names a client certificate without its key or a key without its certificate: \
+             give both cert= and key="
+        )));
     }
     for name in [&target.exchange, &target.routing_key].into_iter().flatten() {
         check_amqp_name(name, "exchange or routing key", shown)?;
@@ -451,12 +495,13 @@ fn parse_kafka(parts: &UrlParts, shown: &str) -> Result<Target> {
             _ => pattern = Some(value),
         }
     }
-    Ok(Target::Kafka(KafkaTarget { bootstrap, topic, group, pattern }))
+    Ok(Target::Kafka(KafkaTarget { bootstrap, topic, group, pattern, client: BTreeMap::new(), sasl_password: None }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn usage_error(input: &str) -> String {
         match Target::parse(input) {
@@ -484,6 +529,25 @@ mod tests {
         assert!(!target.names_a_dlq());
         let Target::Rabbitmq(t) = target else { panic!() };
         assert_eq!((t.port, t.vhost.as_str()), (5672, "/"));
+    }
+
+    #[test]
+    fn rabbitmq_over_tls_with_client_certificate() {
+        let Target::Rabbitmq(t) =
+            Target::parse("amqps://u:p@mq/prod/q?cacert=/etc/ca.pem&cert=/etc/c.pem&key=/etc/c.key").unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(t.port, 5671, "the AMQPS port by default");
+        let files = t.tls.clone().expect("TLS");
+        assert_eq!(files.ca.as_deref(), Some(Path::new("/etc/ca.pem")));
+        assert_eq!(files.key.as_deref(), Some(Path::new("/etc/c.key")));
+        let shown = Target::Rabbitmq(t).to_string();
+        assert_eq!(shown, "rabbitmqs://u:****@mq:5671/prod/q?cacert=/etc/ca.pem&cert=/etc/c.pem&key=/etc/c.key");
+        assert_eq!(Target::parse(&shown.replace("****", "p")).unwrap().to_string(), shown, "parses back");
+        let e = Target::parse("rabbitmqs://u:s3cret@mq/v/q?cert=/c.pem").unwrap_err().to_string();
+        assert!(e.contains("give both cert= and key=") && !e.contains("s3cret"), "{e}");
+        assert!(Target::parse("rabbitmq://u:p@mq/v/q?cacert=/ca.pem").is_err(), "TLS files need a TLS scheme");
     }
 
     #[test]

@@ -146,6 +146,26 @@ fn skipped_records_stay_pending_and_the_others_are_not_sent_twice() {
     assert_eq!(pending(&ns.target), 0);
 }
 
+/// Records of several MB (a topic configured for them) are read, exported and redriven byte
+/// for byte: dlqctl's producer leaves the size limit to the broker.
+#[test]
+fn records_of_several_megabytes_are_read_and_redriven_intact() {
+    let Some(_) = require(TestBroker::Kafka) else { return };
+    let mut letters = letters(3);
+    let big: Vec<u8> = (0..3 * 1024 * 1024).map(|i: u32| (i % 251) as u8).collect();
+    letters[1].body = Some(big.clone());
+    let ns = Namespace::create(TestBroker::Kafka, &letters);
+    let read = records(&ok(&["export", &ns.target, "-q"]));
+    assert_eq!(read.len(), 3);
+    assert!(read.iter().any(|l| l.body_bytes() == big.as_slice()), "the 3 MB record exports intact");
+    let state = tempfile::tempdir().unwrap();
+    let o = dlqctl(&["redrive", &ns.target, "--yes", "--rate", "unlimited", "-o", "json"], state.path());
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(json(&o)["summary"]["moved"], 3);
+    let copies = source_records(&ns);
+    assert!(copies.iter().any(|l| l.body_bytes() == big.as_slice()), "the 3 MB copy arrived intact");
+}
+
 #[test]
 fn a_missing_destination_topic_stops_the_run_and_commits_nothing_past_it() {
     let Some(_) = require(TestBroker::Kafka) else { return };
@@ -178,4 +198,60 @@ fn a_missing_topic_is_a_one_line_error() {
     let o = dlqctl(&["peek", &format!("{KAFKA}/no-such-topic.DLT")], state.path());
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o.stderr).contains("does not exist"), "{}", text(&o.stderr));
+}
+
+/// librdkafka properties from the config file reach the client, and a SASL password given as
+/// `password_env` never shows. Tansu has no SASL listener, so the SASL target cannot connect;
+/// what it must do is fail in bounded time with one line and no password in it.
+#[test]
+fn client_properties_from_the_config_file_reach_librdkafka() {
+    let Some(_) = require(TestBroker::Kafka) else { return };
+    let ns = Namespace::create(TestBroker::Kafka, &letters(3));
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[targets.plain]
+url = "{t}"
+[targets.plain.kafka]
+"client.id" = "dlqctl-config-test"
+
+[targets.sasl]
+url = "{t}"
+password_env = "DLQCTL_TEST_KAFKA_PASSWORD"
+[targets.sasl.kafka]
+"security.protocol" = "SASL_PLAINTEXT"
+"sasl.mechanism" = "PLAIN"
+"sasl.username" = "dlqctl"
+
+[targets.ssl]
+url = "{t}"
+[targets.ssl.kafka]
+"security.protocol" = "SSL"
+"#,
+            t = ns.target
+        ),
+    )
+    .unwrap();
+    let peek = |name: &str| {
+        support::output(
+            support::dlqctl(dir.path())
+                .args(["--config", config.to_str().unwrap(), "--timeout", "20", "peek", name, "-o", "json", "-q"])
+                .env("DLQCTL_TEST_KAFKA_PASSWORD", "never-print-kafka-sasl"),
+        )
+    };
+    let o = peek("plain");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(records(&o).len(), 3);
+    for name in ["sasl", "ssl"] {
+        let started = Instant::now();
+        let o = peek(name);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{name}: {err}");
+        assert_eq!(err.lines().count(), 1, "{name}: one line: {err}");
+        assert!(started.elapsed() < Duration::from_secs(60), "{name}: bounded");
+        assert!(!err.contains("never-print") && !text(&o.stdout).contains("never-print"), "{err}");
+    }
 }

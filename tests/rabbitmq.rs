@@ -420,3 +420,38 @@ fn hostile_letters_arrive_intact_or_are_refused_one_by_one() {
         assert_eq!(copy.headers.get("nested"), original.headers.get("nested"), "{} nested header", original.id);
     }
 }
+
+/// AMQPS on the listener `scripts/brokers up` opens with its test CA: it requires a client
+/// certificate. With the CA and the certificate, dlqctl reads and redrives over TLS; without
+/// either, it stops at the handshake with one line.
+#[test]
+fn amqps_with_a_ca_and_a_client_certificate() {
+    let Some(_) = require(TestBroker::Rabbitmq) else { return };
+    let tls = std::env::var_os("DLQCTL_BROKERS_DIR")
+        .map_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/brokers"), Into::into)
+        .join("tls");
+    let port = std::env::var("DLQCTL_RABBITMQ_TLS_PORT").unwrap_or_else(|_| "5671".into());
+    let ns = Namespace::create(TestBroker::Rabbitmq, &letters(5));
+    let plain_port = format!(":{}/", TestBroker::Rabbitmq.addr().port());
+    let base = ns.target.replacen("rabbitmq://", "rabbitmqs://", 1).replacen(&plain_port, &format!(":{port}/"), 1);
+    let file = |name: &str| tls.join(name).display().to_string();
+    let (ca, cert, key) = (file("ca.pem"), file("client.pem"), file("client.key"));
+    let full = format!("{base}?cacert={ca}&cert={cert}&key={key}");
+
+    let read = records(&ok(&["export", &full, "-q"]));
+    assert_eq!(read.len(), 5, "read over TLS");
+    let o = dlqctl(&["redrive", &full, "--yes", "-o", "json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(json(&o)["summary"]["moved"], 5, "moved over TLS");
+
+    for (why, target) in [
+        ("no client certificate", format!("{base}?cacert={ca}")),
+        ("a server signed by an unknown CA", format!("{base}?cert={cert}&key={key}")),
+    ] {
+        let o = dlqctl(&["peek", &target, "-q"]);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{why}: {err}");
+        assert_eq!(err.lines().count(), 1, "{why}: one line: {err}");
+        assert!(err.starts_with("dlqctl: cannot connect to rabbitmqs://guest:****@"), "{why}: {err}");
+    }
+}

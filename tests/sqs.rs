@@ -188,6 +188,25 @@ fn a_refused_entry_stays_in_the_dlq_while_the_rest_of_its_batch_moves() {
     assert!(left.contains("bad \\u0001 body"));
 }
 
+/// SQS counts the body and every attribute against its 256 KB limit. A dead letter that fits
+/// with room for less than the redrive's two attributes cannot be copied: it stays, with why.
+#[test]
+fn a_copy_too_large_for_sqs_stays_in_the_dlq_with_its_reason() {
+    let Some(_) = require(TestBroker::Sqs) else { return };
+    let mut letters = letters(3);
+    letters[1].body = Some("y".repeat(262_144 - 40).into_bytes());
+    let ns = Namespace::create(TestBroker::Sqs, &letters);
+    let read = all(&ns.target);
+    assert!(read.iter().any(|l| l.body_bytes().len() == 262_104), "the near-limit letter reads intact");
+    let o = dlqctl_env(&["redrive", &ns.target, "--mode", "client", "--yes", "--rate", "unlimited", "-o", "json"], &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    let summary = &json(&o)["summary"];
+    assert_eq!((summary["moved"].as_u64(), summary["failed"].as_u64()), (Some(2), Some(1)), "{summary}");
+    let left = all(&ns.target);
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].body_bytes().len(), 262_104, "the large one stayed, whole");
+}
+
 #[test]
 fn a_missing_queue_is_a_one_line_error() {
     let Some(_) = require(TestBroker::Sqs) else { return };
@@ -221,4 +240,38 @@ fn credentials_and_session_tokens_never_appear() {
         let all = format!("{}{}", text(&o.stdout), text(&o.stderr));
         assert!(!all.contains(secret) && !all.contains(token), "{args:?} printed a credential:\n{all}");
     }
+}
+
+/// A profile that assumes a role from another profile's keys, resolved by aws-config as in
+/// production (LocalStack's STS answers AssumeRole): dlqctl reads with the role's temporary
+/// credentials, and neither the source keys nor anything else secret is printed.
+#[test]
+fn a_profile_that_assumes_a_role_reads_the_dlq() {
+    let Some(_) = require(TestBroker::Sqs) else { return };
+    let ns = Namespace::create(TestBroker::Sqs, &letters(2));
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("aws-config");
+    std::fs::write(
+        &config,
+        "[profile source]\naws_access_key_id = AKIASOURCENEVERPRINT\n\
+         aws_secret_access_key = source-never-print-secret\nregion = us-east-1\n\n\
+         [profile dlqctl-role]\nrole_arn = arn:aws:iam::000000000000:role/dlqctl-redrive\n\
+         source_profile = source\nregion = us-east-1\n",
+    )
+    .unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let o = support::output(
+        support::dlqctl(state.path())
+            .args(["peek", &ns.target, "-o", "json", "-q"])
+            .env_remove("AWS_ACCESS_KEY_ID")
+            .env_remove("AWS_SECRET_ACCESS_KEY")
+            .env_remove("AWS_REGION")
+            .env("AWS_CONFIG_FILE", &config)
+            .env("AWS_SHARED_CREDENTIALS_FILE", dir.path().join("none"))
+            .env("AWS_PROFILE", "dlqctl-role"),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(records(&o).len(), 2);
+    let all = format!("{}{}", text(&o.stdout), text(&o.stderr));
+    assert!(!all.contains("never-print") && !all.contains("NEVERPRINT"), "{all}");
 }

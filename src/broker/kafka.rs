@@ -62,6 +62,8 @@ pub struct KafkaBroker {
     topics_seen: Mutex<BTreeSet<String>>,
     /// Messages the last read returned, for its closing note.
     read: AtomicU64,
+    /// Partitions the last read left before their end because nothing more arrived.
+    stopped_short: Mutex<Vec<String>>,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -91,6 +93,7 @@ impl KafkaBroker {
             producer: tokio::sync::OnceCell::new(),
             topics_seen: Mutex::new(BTreeSet::new()),
             read: AtomicU64::new(0),
+            stopped_short: Mutex::new(Vec::new()),
         };
         // Fail now, within a bounded time, when the cluster cannot be reached.
         let consumer = broker.consumer()?;
@@ -119,6 +122,13 @@ impl KafkaBroker {
             .set("bootstrap.servers", self.target.bootstrap.join(","))
             .set("socket.timeout.ms", "10000")
             .set("message.timeout.ms", "30000");
+        // Security settings from the config file; what a consumer or producer sets after this wins.
+        for (name, value) in &self.target.client {
+            config.set(name, value);
+        }
+        if let Some(password) = &self.target.sasl_password {
+            config.set("sasl.password", password.expose());
+        }
         config
     }
 
@@ -247,6 +257,9 @@ impl KafkaBroker {
                     .set("enable.idempotence", "true")
                     .set("acks", "all")
                     .set("linger.ms", "5")
+                    // The topic's max.message.bytes decides what fits, not librdkafka's 1 MB default:
+                    // a record the DLT holds must be able to go back to a topic configured like it.
+                    .set("message.max.bytes", "104857600")
                     .create::<FutureProducer>()
             })
             .await
@@ -258,6 +271,21 @@ impl KafkaBroker {
 }
 
 impl Reader {
+    /// What a read that went quiet left unread, said so instead of passing for a complete read.
+    fn short_of_the_end(&self) -> Vec<String> {
+        self.positions
+            .iter()
+            .filter(|(_, (next, end))| next < end)
+            .map(|(p, (next, end))| {
+                format!(
+                    "partition {p}: the read stopped at offset {next} of {end}: nothing arrived for {}s \
+                     (transaction markers and compaction leave such gaps; so does a stalled broker)",
+                    IDLE.as_secs()
+                )
+            })
+            .collect()
+    }
+
     /// The next record within the read's bounds, or `None` at the end, passed through `f`
     /// while librdkafka still owns it (copying it out first would double the read's work).
     async fn next<T>(
@@ -449,7 +477,11 @@ impl Broker for KafkaBroker {
             if remaining == 0 {
                 return None;
             }
-            let item = match reader.next(|m| self.normalize(m)).await? {
+            let Some(next) = reader.next(|m| self.normalize(m)).await else {
+                *self.stopped_short.lock().expect("not poisoned") = reader.short_of_the_end();
+                return None;
+            };
+            let item = match next {
                 Ok(letter) => Ok(letter),
                 Err(e) => Err(Error::Runtime(format!("reading {}: {e}", self.shown))),
             };
@@ -555,13 +587,15 @@ impl Broker for KafkaBroker {
     }
 
     fn read_notes(&self) -> Vec<String> {
-        match self.read.load(Ordering::Relaxed) {
+        let mut notes = match self.read.load(Ordering::Relaxed) {
             0 => Vec::new(),
             n => vec![format!(
                 "read {n} record(s) by assigning partitions, without joining group {:?} or committing: no side effects",
                 self.target.group
             )],
-        }
+        };
+        notes.extend(self.stopped_short.lock().expect("not poisoned").iter().cloned());
+        notes
     }
 }
 

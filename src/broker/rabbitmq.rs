@@ -9,6 +9,7 @@
 //! closes its channel; keeping it apart means the dead letters are untouched when that happens.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -20,6 +21,7 @@ use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicQosOptions,
     BasicRejectOptions, ConfirmSelectOptions, QueueDeclareOptions,
 };
+use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use serde::Deserialize;
@@ -33,7 +35,7 @@ use super::{
 use crate::error::{Error, Result};
 use crate::lint::{Inventory, QueueFacts};
 use crate::model::{BrokerKind, DeadLetter, Headers, Reason, ReasonKind, Source, Value};
-use crate::target::RabbitmqTarget;
+use crate::target::{RabbitmqTarget, TlsFiles};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 const HTTP_TIMEOUT: Duration = Duration::from_secs(15);
@@ -68,7 +70,8 @@ pub struct RabbitmqBroker {
 impl RabbitmqBroker {
     pub async fn open(target: &RabbitmqTarget, shown: String, options: &OpenOptions) -> Result<Self> {
         let uri = format!(
-            "amqp://{}:{}@{}:{}/{}",
+            "{}://{}:{}@{}:{}/{}",
+            if target.tls.is_some() { "amqps" } else { "amqp" },
             encode(&target.user),
             encode(target.password.as_ref().map_or("", |p| p.expose())),
             target.host,
@@ -76,7 +79,11 @@ impl RabbitmqBroker {
             encode(&target.vhost)
         );
         let properties = ConnectionProperties::default().with_connection_name("dlqctl".into());
-        let connection = tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(&uri, properties))
+        let tls = tls_config(target.tls.as_ref())?;
+        let runtime = lapin::runtime::default_runtime()
+            .map_err(|e| Error::Runtime(format!("cannot start the AMQP client: {}", amqp_error(&e))))?;
+        let connect = Connection::connect_with_config(&uri, properties, tls, runtime);
+        let connection = tokio::time::timeout(CONNECT_TIMEOUT, connect)
             .await
             .map_err(|_| Error::Runtime(format!("cannot connect to {shown}: no answer within {CONNECT_TIMEOUT:?}")))?
             .map_err(|e| {
@@ -1054,6 +1061,25 @@ struct Scan {
     channel: Channel,
     consumer: lapin::Consumer,
     delivered: u16,
+}
+
+/// The CA to trust besides the system's, and the client certificate, read from their PEM files.
+fn tls_config(files: Option<&TlsFiles>) -> Result<OwnedTLSConfig> {
+    let Some(files) = files else { return Ok(OwnedTLSConfig::default()) };
+    let read = |path: &Path, what: &str| {
+        std::fs::read(path).map_err(|e| Error::io(format!("cannot read the {what} {}", path.display()), e))
+    };
+    let cert_chain = match &files.ca {
+        Some(ca) => Some(String::from_utf8_lossy(&read(ca, "CA certificate")?).into_owned()),
+        None => None,
+    };
+    let identity = match (&files.cert, &files.key) {
+        (Some(cert), Some(key)) => {
+            Some(OwnedIdentity::PKCS8 { pem: read(cert, "client certificate")?, key: read(key, "client key")? })
+        }
+        _ => None,
+    };
+    Ok(OwnedTLSConfig { identity, cert_chain })
 }
 
 fn short(name: &str) -> Result<ShortString> {

@@ -16,7 +16,7 @@ use aws_config::BehaviorVersion;
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_sdk_sqs::Client;
-use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::primitives::Blob;
 use aws_sdk_sqs::types::{
     ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry, Message, MessageAttributeValue,
@@ -34,6 +34,25 @@ use crate::error::{Error, Result};
 use crate::lint::{AlarmFacts, AlarmKind, DLQ_NAME, Inventory, QueueFacts};
 use crate::model::{BrokerKind, DeadLetter, Headers, Reason, ReasonKind, Source, Value};
 use crate::target::{SqsQueue, SqsTarget};
+
+/// An AWS SDK error as one line: each cause's own words, in order, without repeats and without
+/// the SDK's debug dump of the raw response (which `DisplayErrorContext` appends).
+fn one_line(e: &dyn std::error::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut add = |text: String| {
+        let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        if !text.is_empty() && !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+    };
+    add(e.to_string());
+    let mut cause = e.source();
+    while let Some(err) = cause {
+        add(err.to_string());
+        cause = err.source();
+    }
+    parts.join(": ")
+}
 
 const PEEK_COST: &str = "SQS has no peek: each message read is received and made visible again at once, \
                          which raises its ApproximateReceiveCount";
@@ -124,7 +143,7 @@ impl SqsBroker {
                 self.shown
             ));
         }
-        Error::Runtime(format!("{doing} {}: {}", self.shown, DisplayErrorContext(&e)))
+        Error::Runtime(format!("{doing} {}: {}", self.shown, one_line(&e)))
     }
 
     async fn url(&self) -> Result<&str> {
@@ -374,7 +393,7 @@ impl SqsBroker {
             }
             Err(e) => {
                 let failure = classify(&e);
-                let message = format!("sending to {} failed: {}", queue_name(url), DisplayErrorContext(&e));
+                let message = format!("sending to {} failed: {}", queue_name(url), one_line(&e));
                 for &i in indices {
                     results[i] = Some(Err(PublishError { failure, message: message.clone() }));
                 }
@@ -909,7 +928,7 @@ impl SqsBroker {
                 .set_next_token(token)
                 .send()
                 .await
-                .map_err(|e| Error::Runtime(format!("listing CloudWatch alarms: {}", DisplayErrorContext(&e))))?;
+                .map_err(|e| Error::Runtime(format!("listing CloudWatch alarms: {}", one_line(&e))))?;
             for a in page.metric_alarms() {
                 if a.namespace() != Some("AWS/SQS") {
                     continue;
