@@ -65,7 +65,7 @@ _dlqctl() {
 
     case "${cmd}" in
         dlqctl)
-            opts="-o -q -h -V --output --color --config --quiet --help --version list peek summarize export redrive lint help"
+            opts="-o -q -h -V --output --color --config --quiet --timeout --help --version list peek summarize export redrive lint help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -87,6 +87,10 @@ _dlqctl() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -95,7 +99,7 @@ _dlqctl() {
             return 0
             ;;
         dlqctl__subcmd__export)
-            opts="-o -q -h --where --skip-invalid --reason-from --from-beginning --force --file --redact --output --color --config --quiet --help"
+            opts="-o -q -h --where --skip-invalid --reason-from --from-beginning --force --file --redact --output --color --config --quiet --timeout --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -130,6 +134,10 @@ _dlqctl() {
                     return 0
                     ;;
                 --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --timeout)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -253,7 +261,7 @@ _dlqctl() {
             return 0
             ;;
         dlqctl__subcmd__lint)
-            opts="-o -q -h --broker --template --rules --alerts --format --fail-on --output --color --config --quiet --help"
+            opts="-o -q -h --broker --template --rules --alerts --format --fail-on --output --color --config --quiet --timeout --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -299,6 +307,10 @@ _dlqctl() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -307,7 +319,7 @@ _dlqctl() {
             return 0
             ;;
         dlqctl__subcmd__list)
-            opts="-o -q -h --output --color --config --quiet --help"
+            opts="-o -q -h --output --color --config --quiet --timeout --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -329,6 +341,10 @@ _dlqctl() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -337,7 +353,7 @@ _dlqctl() {
             return 0
             ;;
         dlqctl__subcmd__peek)
-            opts="-n -o -q -h --where --skip-invalid --reason-from --from-beginning --force --limit --full --redact --output --color --config --quiet --help"
+            opts="-n -o -q -h --where --skip-invalid --reason-from --from-beginning --force --limit --full --redact --output --color --config --quiet --timeout --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -379,6 +395,10 @@ _dlqctl() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -387,7 +407,7 @@ _dlqctl() {
             return 0
             ;;
         dlqctl__subcmd__redrive)
-            opts="-y -o -q -h --where --skip-invalid --reason-from --from-beginning --force --to --limit --rate --batch --dry-run --plan-out --yes --note --audit-log --resume --max-redrives --retries --keep-partition --mode --status --cancel --max-consecutive-failures --output --color --config --quiet --help"
+            opts="-y -o -q -h --where --skip-invalid --reason-from --from-beginning --force --to --limit --rate --batch --dry-run --plan-out --yes --note --audit-log --resume --max-redrives --retries --keep-partition --mode --status --cancel --max-consecutive-failures --output --color --config --quiet --timeout --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -465,6 +485,10 @@ _dlqctl() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -473,7 +497,7 @@ _dlqctl() {
             return 0
             ;;
         dlqctl__subcmd__summarize)
-            opts="-o -q -h --where --skip-invalid --reason-from --from-beginning --force --by --output --color --config --quiet --help"
+            opts="-o -q -h --where --skip-invalid --reason-from --from-beginning --force --by --output --color --config --quiet --timeout --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -504,6 +528,10 @@ _dlqctl() {
                     return 0
                     ;;
                 --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --timeout)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_dlqctl_global_optspecs
-    string join \n o/output= color= config= q/quiet h/help V/version
+    string join \n o/output= color= config= q/quiet timeout= h/help V/version
 end
 
 function __fish_dlqctl_needs_command
@@ -30,6 +30,7 @@ complete -c dlqctl -n "__fish_dlqctl_needs_command" -l color -d 'When to colour 
 always\t''
 never\t''"
 complete -c dlqctl -n "__fish_dlqctl_needs_command" -l config -d 'Config file with named targets and redaction rules [default: $XDG_CONFIG_HOME/dlqctl/config.toml]' -r -F
+complete -c dlqctl -n "__fish_dlqctl_needs_command" -l timeout -d 'Longest wait, in seconds, for any one answer from a broker (connect, read, publish, settle) before the run stops with an error instead of hanging on a stalled connection' -r
 complete -c dlqctl -n "__fish_dlqctl_needs_command" -s q -l quiet -d 'Print no notes on stderr, only errors'
 complete -c dlqctl -n "__fish_dlqctl_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dlqctl -n "__fish_dlqctl_needs_command" -s V -l version -d 'Print version'
@@ -46,6 +47,7 @@ complete -c dlqctl -n "__fish_dlqctl_using_subcommand list" -l color -d 'When to
 always\t''
 never\t''"
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand list" -l config -d 'Config file with named targets and redaction rules [default: $XDG_CONFIG_HOME/dlqctl/config.toml]' -r -F
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand list" -l timeout -d 'Longest wait, in seconds, for any one answer from a broker (connect, read, publish, settle) before the run stops with an error instead of hanging on a stalled connection' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand list" -s q -l quiet -d 'Print no notes on stderr, only errors'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand list" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l where -d 'Only messages matching EXPR; repeat to AND several. FIELD=VALUE, FIELD!=VALUE, FIELD~REGEX, FIELD!~REGEX, age>2h, count>=3; fields: reason, exception, source, dlq, id, count, age, header.NAME, body.PATH' -r
@@ -58,6 +60,7 @@ complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l color -d 'When to
 always\t''
 never\t''"
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l config -d 'Config file with named targets and redaction rules [default: $XDG_CONFIG_HOME/dlqctl/config.toml]' -r -F
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l timeout -d 'Longest wait, in seconds, for any one answer from a broker (connect, read, publish, settle) before the run stops with an error instead of hanging on a stalled connection' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l skip-invalid -d 'Skip archive lines that are not dead letters, and report how many, instead of stopping'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l from-beginning -d 'Kafka: read from the earliest retained record instead of the group\'s committed offset'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l force -d 'Read even where reading can dead-letter messages again (a RabbitMQ quorum DLQ with a delivery limit counts every read as a delivery)'
@@ -78,6 +81,7 @@ complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -l color -d 'Wh
 always\t''
 never\t''"
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -l config -d 'Config file with named targets and redaction rules [default: $XDG_CONFIG_HOME/dlqctl/config.toml]' -r -F
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -l timeout -d 'Longest wait, in seconds, for any one answer from a broker (connect, read, publish, settle) before the run stops with an error instead of hanging on a stalled connection' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -l skip-invalid -d 'Skip archive lines that are not dead letters, and report how many, instead of stopping'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -l from-beginning -d 'Kafka: read from the earliest retained record instead of the group\'s committed offset'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -l force -d 'Read even where reading can dead-letter messages again (a RabbitMQ quorum DLQ with a delivery limit counts every read as a delivery)'
@@ -93,6 +97,7 @@ complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l color -d 'When 
 always\t''
 never\t''"
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l config -d 'Config file with named targets and redaction rules [default: $XDG_CONFIG_HOME/dlqctl/config.toml]' -r -F
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l timeout -d 'Longest wait, in seconds, for any one answer from a broker (connect, read, publish, settle) before the run stops with an error instead of hanging on a stalled connection' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l skip-invalid -d 'Skip archive lines that are not dead letters, and report how many, instead of stopping'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l from-beginning -d 'Kafka: read from the earliest retained record instead of the group\'s committed offset'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l force -d 'Read even where reading can dead-letter messages again (a RabbitMQ quorum DLQ with a delivery limit counts every read as a delivery)'
@@ -120,6 +125,7 @@ complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l color -d 'When
 always\t''
 never\t''"
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l config -d 'Config file with named targets and redaction rules [default: $XDG_CONFIG_HOME/dlqctl/config.toml]' -r -F
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l timeout -d 'Longest wait, in seconds, for any one answer from a broker (connect, read, publish, settle) before the run stops with an error instead of hanging on a stalled connection' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l skip-invalid -d 'Skip archive lines that are not dead letters, and report how many, instead of stopping'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l from-beginning -d 'Kafka: read from the earliest retained record instead of the group\'s committed offset'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l force -d 'Read even where reading can dead-letter messages again (a RabbitMQ quorum DLQ with a delivery limit counts every read as a delivery)'
@@ -146,6 +152,7 @@ complete -c dlqctl -n "__fish_dlqctl_using_subcommand lint" -l color -d 'When to
 always\t''
 never\t''"
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand lint" -l config -d 'Config file with named targets and redaction rules [default: $XDG_CONFIG_HOME/dlqctl/config.toml]' -r -F
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand lint" -l timeout -d 'Longest wait, in seconds, for any one answer from a broker (connect, read, publish, settle) before the run stops with an error instead of hanging on a stalled connection' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand lint" -s q -l quiet -d 'Print no notes on stderr, only errors'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand lint" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand help; and not __fish_seen_subcommand_from list peek summarize export redrive lint help" -f -a "list" -d 'Discover DLQs and the queues that feed them (for an archive: its one-line description)'
