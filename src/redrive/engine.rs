@@ -101,6 +101,7 @@ impl Engine<'_> {
         // Redrive ids moved in this run, with the redrive count their copies carry.
         let mut moved: HashMap<String, u64> = HashMap::new();
         let mut consecutive_failures = 0u32;
+        let mut last_failure = String::new();
         let now = Utc::now();
         // Messages left in the DLQ are released only when the run ends: released earlier,
         // a queue would hand the same ones out again and hide the rest behind them.
@@ -188,6 +189,7 @@ impl Engine<'_> {
                     }
                     Err(e) => {
                         consecutive_failures += 1;
+                        last_failure.clone_from(&e.message);
                         summary.failed += 1;
                         let label = m.destination.label.clone();
                         self.log(&m.received.letter, &m.redrive_id, Some(&label), Outcome::Failed, Some(&e.message))?;
@@ -237,7 +239,8 @@ impl Engine<'_> {
             }
             if consecutive_failures >= self.options.max_consecutive_failures {
                 summary.stopped = Some(format!(
-                    "{consecutive_failures} messages in a row could not be delivered: the destination looks down or gone"
+                    "{consecutive_failures} messages in a row could not be delivered: the destination looks down or \
+                     gone (last: {last_failure})"
                 ));
                 break;
             }
