@@ -251,7 +251,8 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
         "d" => n * 86_400.0,
         _ => return None,
     };
-    (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds))
+    // try_: a number of hours past u64 seconds must be refused, not panic (found by fuzzing).
+    Duration::try_from_secs_f64(seconds).ok()
 }
 
 #[cfg(test)]
@@ -348,5 +349,7 @@ mod tests {
         assert_eq!(parse_duration("1.5h"), Some(Duration::from_secs(5400)));
         assert_eq!(parse_duration("7d"), Some(Duration::from_secs(604_800)));
         assert_eq!(parse_duration("x"), None);
+        assert_eq!(parse_duration("88888888888888888888888888882h"), None, "too long for a Duration");
+        assert_eq!(parse_duration("-5m"), None);
     }
 }
