@@ -17,20 +17,21 @@ use super::{
 use crate::error::{Error, Result};
 use crate::model::DeadLetter;
 
-/// A backend whose every call to the broker must answer within `limit`.
-pub struct Bounded {
-    inner: Box<dyn Broker>,
+/// A backend (`Bounded<dyn Broker>`) or a `--to` sink (`Bounded<dyn Sink>`) whose every call
+/// to the broker must answer within `limit`.
+pub struct Bounded<T: ?Sized> {
+    inner: Box<T>,
     limit: Duration,
     /// The target as printed, password masked.
     shown: String,
 }
 
-impl Bounded {
-    pub fn new(inner: Box<dyn Broker>, limit: Duration, shown: String) -> Self {
+impl<T: ?Sized> Bounded<T> {
+    pub fn new(inner: Box<T>, limit: Duration, shown: String) -> Self {
         Bounded { inner, limit, shown }
     }
 
-    async fn within<T>(&self, what: &str, call: impl Future<Output = Result<T>>) -> Result<T> {
+    async fn within<R>(&self, what: &str, call: impl Future<Output = Result<R>>) -> Result<R> {
         within(self.limit, &self.shown, what, call).await
     }
 }
@@ -49,7 +50,7 @@ fn stalled(limit: Duration, shown: &str, what: &str) -> Error {
 }
 
 #[async_trait]
-impl Broker for Bounded {
+impl Broker for Bounded<dyn Broker> {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }
@@ -126,28 +127,15 @@ impl Broker for Bounded {
 }
 
 #[async_trait]
-impl Sink for Bounded {
+impl Sink for Bounded<dyn Broker> {
     async fn publish(&self, batch: &[(DeadLetter, Destination)]) -> Vec<std::result::Result<(), PublishError>> {
         let sink = self.inner.source_sink().expect("offered only when the backend has one");
         publish_within(sink, batch, self.limit, &self.shown).await
     }
 }
 
-/// A `--to` sink whose every publish must be confirmed within `limit`.
-pub struct BoundedSink {
-    inner: Box<dyn Sink>,
-    limit: Duration,
-    shown: String,
-}
-
-impl BoundedSink {
-    pub fn new(inner: Box<dyn Sink>, limit: Duration, shown: String) -> Self {
-        BoundedSink { inner, limit, shown }
-    }
-}
-
 #[async_trait]
-impl Sink for BoundedSink {
+impl Sink for Bounded<dyn Sink> {
     async fn publish(&self, batch: &[(DeadLetter, Destination)]) -> Vec<std::result::Result<(), PublishError>> {
         publish_within(self.inner.as_ref(), batch, self.limit, &self.shown).await
     }

@@ -481,10 +481,7 @@ impl Broker for KafkaBroker {
                 *self.stopped_short.lock().expect("not poisoned") = reader.short_of_the_end();
                 return None;
             };
-            let item = match next {
-                Ok(letter) => Ok(letter),
-                Err(e) => Err(Error::Runtime(format!("reading {}: {e}", self.shown))),
-            };
+            let item = next.map_err(|e| Error::Runtime(format!("reading {}: {e}", self.shown)));
             self.read.fetch_add(1, Ordering::Relaxed);
             Some((item, (reader, remaining - 1)))
         })

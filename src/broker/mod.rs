@@ -285,7 +285,7 @@ pub trait Broker: Send + Sync {
 pub async fn open(target: &Target, options: &OpenOptions) -> Result<Box<dyn Broker>> {
     let shown = target.to_string();
     let inner = bounded::within(options.timeout, &shown, "connecting", open_unbounded(target, options)).await?;
-    Ok(Box::new(bounded::Bounded::new(inner, options.timeout, shown)))
+    Ok(Box::new(bounded::Bounded::<dyn Broker>::new(inner, options.timeout, shown)))
 }
 
 async fn open_unbounded(target: &Target, options: &OpenOptions) -> Result<Box<dyn Broker>> {
@@ -318,7 +318,7 @@ pub fn sink_destination(target: &Target) -> Result<Destination> {
 pub async fn open_sink(target: &Target, timeout: Duration) -> Result<Box<dyn Sink>> {
     let shown = target.to_string();
     let inner = bounded::within(timeout, &shown, "connecting", open_sink_unbounded(target)).await?;
-    Ok(Box::new(bounded::BoundedSink::new(inner, timeout, shown)))
+    Ok(Box::new(bounded::Bounded::<dyn Sink>::new(inner, timeout, shown)))
 }
 
 async fn open_sink_unbounded(target: &Target) -> Result<Box<dyn Sink>> {

@@ -1086,11 +1086,11 @@ fn short(name: &str) -> Result<ShortString> {
     ShortString::try_new(name).map_err(|_| Error::Usage(format!("{name:?} is over 255 bytes, AMQP's limit for names")))
 }
 
-/// lapin's error text, which never includes the URI or password.
 fn read_failed(queue: &str, e: lapin::Error) -> Error {
     Error::Runtime(format!("reading {queue}: {}", amqp_error(&e)))
 }
 
+/// lapin's error text, which never includes the URI or password.
 fn amqp_error(e: &lapin::Error) -> String {
     e.to_string()
 }
