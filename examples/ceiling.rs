@@ -2,7 +2,7 @@
 //! does the transfer (no decoding, no output, no bookkeeping), using the same client library
 //! dlqctl uses. Nothing dlqctl does can beat these on the same machine.
 //!
-//!     ceiling rabbitmq-read AMQP_URL QUEUE N        every message, none consumed
+//!     ceiling rabbitmq-read AMQP_URL QUEUE N [PREFETCH]   every message, none consumed
 //!     ceiling rabbitmq-move AMQP_URL FROM TO N      publish with confirms, then ack
 //!     ceiling kafka-read BROKERS TOPIC N            from the beginning, every partition
 //!     ceiling kafka-move BROKERS FROM TO N          produce with delivery reports
@@ -34,7 +34,10 @@ async fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let n = |i: usize| -> usize { args[i].parse().expect("N is a count") };
     match args.first().map(String::as_str) {
-        Some("rabbitmq-read") => rabbitmq_read(&args[1], &args[2], n(3)).await,
+        Some("rabbitmq-read") => {
+            let prefetch = args.get(4).map(|p| p.parse().expect("PREFETCH is a count up to 65535"));
+            rabbitmq_read(&args[1], &args[2], n(3), prefetch).await
+        }
         Some("rabbitmq-move") => rabbitmq_move(&args[1], &args[2], &args[3], n(4)).await,
         Some("kafka-read") => kafka_read(&args[1], &args[2], n(3)),
         Some("kafka-move") => kafka_move(&args[1], &args[2], &args[3], n(4)).await,
@@ -44,18 +47,31 @@ async fn main() -> Result<()> {
     }
 }
 
-/// A consumer with no prefetch limit that never acks: the broker streams every message as fast
-/// as it can, and closing the channel puts them all back.
-async fn rabbitmq_read(url: &str, queue: &str, n: usize) -> Result<()> {
+/// A consumer that never acks: the broker streams every message as fast as it can, and
+/// closing the connection puts them all back. With no PREFETCH there is no limit; with one,
+/// each channel stops at PREFETCH unacked messages and the loop moves on to a fresh channel,
+/// as dlqctl's bounded-memory reads do (this tells the broker's cost of the limit from ours).
+async fn rabbitmq_read(url: &str, queue: &str, n: usize, prefetch: Option<u16>) -> Result<()> {
     let connection = Connection::connect(url, ConnectionProperties::default()).await?;
-    let channel = connection.create_channel().await?;
-    let mut consumer = channel
-        .basic_consume(queue.into(), "ceiling".into(), BasicConsumeOptions::default(), FieldTable::default())
-        .await?;
-    for _ in 0..n {
-        consumer.next().await.ok_or("consumer ended")??;
+    let mut read = 0;
+    while read < n {
+        let channel = connection.create_channel().await?;
+        let per_channel = match prefetch {
+            Some(prefetch) => {
+                channel.basic_qos(prefetch, BasicQosOptions::default()).await?;
+                usize::from(prefetch)
+            }
+            None => n,
+        };
+        let mut consumer = channel
+            .basic_consume(queue.into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
+            .await?;
+        for _ in 0..per_channel.min(n - read) {
+            consumer.next().await.ok_or("consumer ended")??;
+            read += 1;
+        }
     }
-    channel.close(200, "done".into()).await?;
+    connection.close(200, "done".into()).await?;
     Ok(())
 }
 
