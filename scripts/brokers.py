@@ -630,6 +630,17 @@ def check(broker):
         aws("sqs").list_queues()
     elif broker == "kafka":
         kafka_admin().list_topics(timeout=5)
+    elif broker == "kafka-secure":
+        from confluent_kafka.admin import AdminClient
+
+        tls = os.path.join(os.environ["DLQCTL_BROKERS_DIR"], "tls")
+        AdminClient({
+            "bootstrap.servers": "127.0.0.1:%s" % os.environ.get("DLQCTL_KAFKA_SECURE_PORT", "9094"),
+            "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.username": "dlqctl", "sasl.password": os.environ["KAFKA_SCRAM_PASSWORD"],
+            "ssl.ca.location": tls + "/ca.pem", "ssl.certificate.location": tls + "/client.pem",
+            "ssl.key.location": tls + "/client.key", "log_level": 0,
+        }).list_topics(timeout=5)
     else:
         raise SystemExit("unknown broker " + broker)
 

@@ -14,6 +14,8 @@ pub enum TestBroker {
     Rabbitmq,
     Sqs,
     Kafka,
+    /// The second Tansu of `scripts/brokers`: TLS with a client certificate, and SASL/SCRAM.
+    KafkaSecure,
 }
 
 impl TestBroker {
@@ -24,6 +26,7 @@ impl TestBroker {
             TestBroker::Rabbitmq => "RabbitMQ",
             TestBroker::Sqs => "LocalStack (SQS)",
             TestBroker::Kafka => "Tansu (Kafka)",
+            TestBroker::KafkaSecure => "Tansu behind TLS with SASL/SCRAM (Kafka)",
         }
     }
 
@@ -33,6 +36,7 @@ impl TestBroker {
             TestBroker::Rabbitmq => ("DLQCTL_RABBITMQ_PORT", 5672),
             TestBroker::Sqs => ("DLQCTL_LOCALSTACK_PORT", 4566),
             TestBroker::Kafka => ("DLQCTL_KAFKA_PORT", 9092),
+            TestBroker::KafkaSecure => ("DLQCTL_KAFKA_SECURE_PORT", 9094),
         };
         let port = std::env::var(var).ok().and_then(|p| p.parse().ok()).unwrap_or(default);
         SocketAddr::from(([127, 0, 0, 1], port))
@@ -102,7 +106,7 @@ impl TestBroker {
         match self {
             TestBroker::Rabbitmq => "rabbitmq",
             TestBroker::Sqs => "sqs",
-            TestBroker::Kafka => "kafka",
+            TestBroker::Kafka | TestBroker::KafkaSecure => "kafka",
         }
     }
 }
