@@ -24,17 +24,22 @@ fn the_seed_story_was_written() {
 
 #[test]
 fn a_missing_broker_fails_under_ci_even_when_skipping_is_asked() {
-    let err = std::panic::catch_unwind(|| decide(TestBroker::Kafka, false, true, true)).unwrap_err();
+    let err =
+        std::panic::catch_unwind(|| decide(TestBroker::Kafka.name(), TestBroker::Kafka.addr(), false, true, true))
+            .unwrap_err();
     let msg = err.downcast_ref::<String>().unwrap();
     assert!(msg.contains("Tansu (Kafka)") && msg.contains("scripts/brokers up"), "{msg}");
 }
 
 #[test]
 fn a_missing_broker_fails_outside_ci_unless_skipping_is_asked() {
-    let err = std::panic::catch_unwind(|| decide(TestBroker::Rabbitmq, false, false, false)).unwrap_err();
+    let err = std::panic::catch_unwind(|| {
+        decide(TestBroker::Rabbitmq.name(), TestBroker::Rabbitmq.addr(), false, false, false)
+    })
+    .unwrap_err();
     assert!(err.downcast_ref::<String>().unwrap().contains("scripts/brokers up"));
-    assert_eq!(decide(TestBroker::Rabbitmq, false, false, true), None);
-    assert!(decide(TestBroker::Sqs, true, true, false).is_some());
+    assert_eq!(decide(TestBroker::Rabbitmq.name(), TestBroker::Rabbitmq.addr(), false, false, true), None);
+    assert!(decide(TestBroker::Sqs.name(), TestBroker::Sqs.addr(), true, true, false).is_some());
 }
 
 #[test]

@@ -17,9 +17,10 @@ use async_trait::async_trait;
 use chrono::{TimeZone, Utc};
 use futures::StreamExt;
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Headers as _, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
@@ -72,6 +73,65 @@ struct Commit {
     beyond: BTreeSet<i64>,
 }
 
+/// librdkafka says why it cannot connect (a refused password, a failed TLS handshake) only in
+/// its log, which a poll of the client delivers; a metadata call just times out. This keeps
+/// the last connection failure logged so that dlqctl's error names the cause.
+#[derive(Default)]
+struct Reporter {
+    last: Mutex<Option<String>>,
+}
+
+impl Reporter {
+    fn last_failure(&self) -> Option<String> {
+        self.last.lock().expect("reporter lock").clone()
+    }
+
+    /// A failure retrying will not cure: the credentials or the TLS set-up are wrong.
+    fn refused(&self) -> Option<String> {
+        self.last_failure().filter(|m| m.contains("SASL authentication") || m.contains("SSL"))
+    }
+}
+
+impl ClientContext for Reporter {
+    fn log(&self, _level: RDKafkaLogLevel, facility: &str, message: &str) {
+        if facility == "FAIL" {
+            // "sasl_ssl://host:9094/bootstrap: SASL authentication error: ... (after 15ms in state AUTH_REQ)"
+            let failure = message.split_once(": ").map_or(message, |(_, why)| why);
+            *self.last.lock().expect("reporter lock") = Some(failure.to_owned());
+        }
+    }
+}
+
+impl ConsumerContext for Reporter {}
+
+/// The cluster's metadata, asked in short tries so that a refused password or certificate
+/// fails at once, with librdkafka's own words, instead of after the whole timeout.
+fn connect(consumer: &BaseConsumer<Reporter>, topic: Option<&str>, shown: &str) -> Result<rdkafka::metadata::Metadata> {
+    const TRY: Duration = Duration::from_millis(500);
+    let started = std::time::Instant::now();
+    loop {
+        match consumer.fetch_metadata(topic, TRY) {
+            Ok(metadata) => return Ok(metadata),
+            Err(e) => {
+                // Nothing is assigned: the poll only hands librdkafka's log to the reporter.
+                let _ = consumer.poll(Duration::ZERO);
+                let reporter = consumer.context();
+                if let Some(reason) = reporter.refused() {
+                    return Err(Error::Runtime(format!(
+                        "cannot connect to Kafka at {shown}: {reason} (check the SASL and SSL properties of the target)"
+                    )));
+                }
+                if started.elapsed() >= TIMEOUT {
+                    let cause = reporter.last_failure().unwrap_or_else(|| e.to_string());
+                    return Err(Error::Runtime(format!(
+                        "cannot reach Kafka at {shown}: {cause} (check the bootstrap servers)"
+                    )));
+                }
+            }
+        }
+    }
+}
+
 /// Reads a topic from given offsets up to the high watermarks seen when it started.
 struct Reader {
     consumer: StreamConsumer,
@@ -95,14 +155,19 @@ impl KafkaBroker {
             read: AtomicU64::new(0),
             stopped_short: Mutex::new(Vec::new()),
         };
-        // Fail now, within a bounded time, when the cluster cannot be reached.
-        let consumer = broker.consumer()?;
+        // Fail now, within a bounded time, when the cluster cannot be reached. rdkafka takes
+        // its log level from the `log` crate, which dlqctl leaves off: set so that librdkafka
+        // says why a connection failed.
+        let consumer = broker
+            .config()
+            .set("group.id", &broker.target.group)
+            .set_log_level(RDKafkaLogLevel::Error)
+            .create_with_context(Reporter::default())
+            .map_err(|e| Error::Runtime(format!("cannot create a Kafka client for {}: {e}", broker.shown)))?;
         let topic = target.topic.clone();
         let shown = broker.shown.clone();
         tokio::task::spawn_blocking(move || {
-            let metadata = consumer.fetch_metadata(topic.as_deref(), TIMEOUT).map_err(|e| {
-                Error::Runtime(format!("cannot reach Kafka at {shown}: {e} (check the bootstrap servers)"))
-            })?;
+            let metadata = connect(&consumer, topic.as_deref(), &shown)?;
             if let Some(topic) = topic {
                 let found = metadata.topics().iter().find(|t| t.name() == topic);
                 if found.is_none_or(|t| t.error().is_some() || t.partitions().is_empty()) {

@@ -14,8 +14,6 @@ pub enum TestBroker {
     Rabbitmq,
     Sqs,
     Kafka,
-    /// The second Tansu of `scripts/brokers`: TLS with a client certificate, and SASL/SCRAM.
-    KafkaSecure,
 }
 
 impl TestBroker {
@@ -26,7 +24,6 @@ impl TestBroker {
             TestBroker::Rabbitmq => "RabbitMQ",
             TestBroker::Sqs => "LocalStack (SQS)",
             TestBroker::Kafka => "Tansu (Kafka)",
-            TestBroker::KafkaSecure => "Tansu behind TLS with SASL/SCRAM (Kafka)",
         }
     }
 
@@ -36,10 +33,8 @@ impl TestBroker {
             TestBroker::Rabbitmq => ("DLQCTL_RABBITMQ_PORT", 5672),
             TestBroker::Sqs => ("DLQCTL_LOCALSTACK_PORT", 4566),
             TestBroker::Kafka => ("DLQCTL_KAFKA_PORT", 9092),
-            TestBroker::KafkaSecure => ("DLQCTL_KAFKA_SECURE_PORT", 9094),
         };
-        let port = std::env::var(var).ok().and_then(|p| p.parse().ok()).unwrap_or(default);
-        SocketAddr::from(([127, 0, 0, 1], port))
+        loopback(var, default)
     }
 }
 
@@ -65,29 +60,41 @@ pub fn localstack_env() {
 /// The broker's address if it answers; `None` (skip) only outside CI with DLQCTL_SKIP_BROKERS=1;
 /// otherwise the calling test fails with a message that says how to start it.
 pub fn require(broker: TestBroker) -> Option<SocketAddr> {
+    require_at(broker.name(), broker.addr())
+}
+
+/// The second Tansu of `scripts/brokers up`: TLS with a client certificate, then SASL/SCRAM.
+pub fn require_kafka_secure() -> Option<SocketAddr> {
+    require_at("Tansu behind TLS with SASL/SCRAM (Kafka)", loopback("DLQCTL_KAFKA_SECURE_PORT", 9094))
+}
+
+fn require_at(name: &str, addr: SocketAddr) -> Option<SocketAddr> {
     let env_is = |name: &str, value: &str| std::env::var(name).is_ok_and(|v| v == value);
-    decide(broker, reachable(broker.addr()), env_is("CI", "true"), env_is("DLQCTL_SKIP_BROKERS", "1"))
+    decide(name, addr, reachable(addr), env_is("CI", "true"), env_is("DLQCTL_SKIP_BROKERS", "1"))
+}
+
+fn loopback(port_var: &str, default: u16) -> SocketAddr {
+    let port = std::env::var(port_var).ok().and_then(|p| p.parse().ok()).unwrap_or(default);
+    SocketAddr::from(([127, 0, 0, 1], port))
 }
 
 fn reachable(addr: SocketAddr) -> bool {
     TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_ok()
 }
 
-pub fn decide(broker: TestBroker, reachable: bool, ci: bool, skip_allowed: bool) -> Option<SocketAddr> {
-    let addr = broker.addr();
+pub fn decide(name: &str, addr: SocketAddr, reachable: bool, ci: bool, skip_allowed: bool) -> Option<SocketAddr> {
     if reachable {
         return Some(addr);
     }
     if ci {
-        panic!("{} is not reachable at {addr} and CI=true: scripts/brokers up must run first", broker.name());
+        panic!("{name} is not reachable at {addr} and CI=true: scripts/brokers up must run first");
     }
     if skip_allowed {
-        eprintln!("SKIPPED: {} is not reachable at {addr} (DLQCTL_SKIP_BROKERS=1)", broker.name());
+        eprintln!("SKIPPED: {name} is not reachable at {addr} (DLQCTL_SKIP_BROKERS=1)");
         return None;
     }
     panic!(
-        "{} is not reachable at {addr}: run scripts/brokers up (or set DLQCTL_SKIP_BROKERS=1 to skip broker tests)",
-        broker.name()
+        "{name} is not reachable at {addr}: run scripts/brokers up (or set DLQCTL_SKIP_BROKERS=1 to skip broker tests)"
     );
 }
 
@@ -106,7 +113,7 @@ impl TestBroker {
         match self {
             TestBroker::Rabbitmq => "rabbitmq",
             TestBroker::Sqs => "sqs",
-            TestBroker::Kafka | TestBroker::KafkaSecure => "kafka",
+            TestBroker::Kafka => "kafka",
         }
     }
 }
