@@ -223,8 +223,11 @@ fn through(
             assert!(target.contains(&direct), "{target}");
             target.replacen(&direct, &format!("endpoint=http://127.0.0.1:{}", p.port), 1)
         }
-        (Some(_), TestBroker::Kafka) => {
-            unreachable!("Kafka clients reconnect to the advertised address, not the proxy")
+        (Some(p), TestBroker::Kafka) => {
+            // Bootstrap through the proxy too (the broker's metadata already points there).
+            let (_, rest) = target.split_once("127.0.0.1:").expect("a loopback Kafka target");
+            let (_, path) = rest.split_once('/').expect("a topic");
+            format!("kafka://127.0.0.1:{}/{path}", p.port)
         }
     };
     (cmd, target)
@@ -238,10 +241,19 @@ fn fault_mid_redrive(broker: TestBroker, fault: Fault) {
         return;
     }
     let _alone = BROKER_IN_USE.write().unwrap_or_else(|e| e.into_inner());
-    let ns = Namespace::create(broker, &letters());
+    // Kafka clients go where the broker's metadata sends them: the proxy takes the port the
+    // proxy tests' Tansu advertises, and is up before the fixture is written through it.
+    let (proxy, ns) = match (fault, broker) {
+        (Fault::Restart, _) => (None, Namespace::create(broker, &letters())),
+        (_, TestBroker::Kafka) => {
+            let Some((inner, advertised)) = support::require_kafka_proxied() else { return };
+            let proxy = Proxy::start_on(advertised, inner);
+            (Some(proxy), Namespace::create_on_kafka(inner, &letters()))
+        }
+        _ => (Some(Proxy::start(broker.addr())), Namespace::create(broker, &letters())),
+    };
     let source = source_of(broker, &ns.target);
     let state = tempfile::tempdir().unwrap();
-    let proxy = (fault != Fault::Restart).then(|| Proxy::start(broker.addr()));
     let (mut cmd, target) = through(proxy.as_ref(), broker, &ns.target, state.path());
     let mut child = cmd
         .args(["redrive"])
@@ -353,6 +365,16 @@ fn sqs_connection_cut_mid_redrive_loses_nothing() {
 #[test]
 fn sqs_connection_stall_mid_redrive_stops_in_time() {
     fault_mid_redrive(TestBroker::Sqs, Fault::Stall);
+}
+
+#[test]
+fn kafka_connection_cut_mid_redrive_loses_nothing() {
+    fault_mid_redrive(TestBroker::Kafka, Fault::Cut);
+}
+
+#[test]
+fn kafka_connection_stall_mid_redrive_stops_in_time() {
+    fault_mid_redrive(TestBroker::Kafka, Fault::Stall);
 }
 
 #[test]

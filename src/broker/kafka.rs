@@ -9,8 +9,8 @@
 //! settled offsets beyond it travel in the commit's metadata, and later runs skip them.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -134,7 +134,8 @@ fn connect(consumer: &BaseConsumer<Reporter>, topic: Option<&str>, shown: &str) 
 
 /// Reads a topic from given offsets up to the high watermarks seen when it started.
 struct Reader {
-    consumer: StreamConsumer,
+    /// Shared with the blocking commit, which runs off the async thread.
+    consumer: Arc<StreamConsumer>,
     /// Per partition: the next offset wanted and the end (high watermark) to stop at.
     positions: BTreeMap<i32, (i64, i64)>,
     /// Offsets already settled by an earlier run (from commit metadata): skipped.
@@ -270,7 +271,7 @@ impl KafkaBroker {
             }
         }
         consumer.assign(&tpl).map_err(|e| Error::Runtime(format!("assigning {topic}: {e}")))?;
-        Ok(Reader { consumer, positions, skip })
+        Ok(Reader { consumer: Arc::new(consumer), positions, skip })
     }
 
     /// Offsets settled beyond the committed one: what the commit metadata says, and what this
@@ -605,10 +606,20 @@ impl Broker for KafkaBroker {
         if tpl.count() == 0 {
             return Ok(());
         }
-        let slot = self.taker.lock().await;
-        let consumer = &slot.as_ref().ok_or_else(|| Error::Runtime("settle before receive".into()))?.consumer;
-        consumer
-            .commit(&tpl, CommitMode::Sync)
+        let consumer = self
+            .taker
+            .lock()
+            .await
+            .as_ref()
+            .ok_or_else(|| Error::Runtime("settle before receive".into()))?
+            .consumer
+            .clone();
+        // A synchronous commit waits for the group coordinator as long as librdkafka likes: off
+        // the async thread, so that --timeout can give up on it (the offsets then stay
+        // uncommitted, and a later run reads those records again).
+        tokio::task::spawn_blocking(move || consumer.commit(&tpl, CommitMode::Sync))
+            .await
+            .map_err(|e| Error::Runtime(format!("committing offsets: {e}")))?
             .map_err(|e| Error::Runtime(format!("committing offsets of group {:?}: {e}", self.target.group)))
     }
 
@@ -746,7 +757,7 @@ impl KafkaBroker {
             return (None, Vec::new());
         }
         // From each partition's first retained record to its end.
-        let mut reader = Reader { consumer, positions: marks.clone(), skip: BTreeMap::new() };
+        let mut reader = Reader { consumer: Arc::new(consumer), positions: marks.clone(), skip: BTreeMap::new() };
         let mut oldest: Option<chrono::DateTime<Utc>> = None;
         let mut sources = BTreeSet::new();
         let want = if with_sources { SOURCE_SAMPLE } else { marks.len() };

@@ -123,7 +123,7 @@ fn execute(cli: Cli) -> Result<()> {
         .enable_all()
         .build()
         .map_err(|e| Error::io("cannot start the async runtime", e))?;
-    runtime.block_on(async {
+    let outcome = runtime.block_on(async {
         match &cli.command {
             Command::List(args) => list::run(&mut ctx, args).await,
             Command::Peek(args) => peek::run(&mut ctx, args).await,
@@ -132,7 +132,11 @@ fn execute(cli: Cli) -> Result<()> {
             Command::Redrive(args) => redrive::run(&mut ctx, args).await,
             Command::Lint(args) => lint::run(&mut ctx, args).await,
         }
-    })?;
+    });
+    // What is still running now is a blocking broker call --timeout gave up on (a commit to a
+    // stalled coordinator): the run has accounted for it, so exit without waiting for it.
+    runtime.shutdown_background();
+    outcome?;
     ctx.out.finish()
 }
 

@@ -68,6 +68,14 @@ pub fn require_kafka_secure() -> Option<SocketAddr> {
     require_at("Tansu behind TLS with SASL/SCRAM (Kafka)", loopback("DLQCTL_KAFKA_SECURE_PORT", 9094))
 }
 
+/// The third Tansu of `scripts/brokers up`, for proxy tests: where it listens, and the port it
+/// advertises (where the test's proxy must listen, since Kafka clients connect there).
+pub fn require_kafka_proxied() -> Option<(SocketAddr, u16)> {
+    let advertised = loopback("DLQCTL_KAFKA_PROXIED_PORT", 9096).port();
+    require_at("Tansu for proxy tests (Kafka)", loopback("DLQCTL_KAFKA_PROXIED_INNER_PORT", 9095))
+        .map(|addr| (addr, advertised))
+}
+
 fn require_at(name: &str, addr: SocketAddr) -> Option<SocketAddr> {
     let env_is = |name: &str, value: &str| std::env::var(name).is_ok_and(|v| v == value);
     decide(name, addr, reachable(addr), env_is("CI", "true"), env_is("DLQCTL_SKIP_BROKERS", "1"))
@@ -135,6 +143,20 @@ impl Namespace {
     /// A namespace made by one of `scripts/brokers fixture`'s kinds for `broker`
     /// (`rabbitmq-story`, `rabbitmq-exchange`, ...).
     pub fn create_kind(broker: TestBroker, kind: &str, letters: &[dlqctl::model::DeadLetter]) -> Namespace {
+        Namespace::create_kind_on(broker, kind, letters, None)
+    }
+
+    /// The same on a Kafka broker other than the default one (the proxy tests' Tansu).
+    pub fn create_on_kafka(addr: SocketAddr, letters: &[dlqctl::model::DeadLetter]) -> Namespace {
+        Namespace::create_kind_on(TestBroker::Kafka, "kafka", letters, Some(addr))
+    }
+
+    fn create_kind_on(
+        broker: TestBroker,
+        kind: &str,
+        letters: &[dlqctl::model::DeadLetter],
+        kafka: Option<SocketAddr>,
+    ) -> Namespace {
         use std::io::Write;
         use std::process::{Command, Stdio};
         use std::sync::atomic::{AtomicU32, Ordering};
@@ -142,7 +164,11 @@ impl Namespace {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         // Unique across parallel tests and runs, and valid as a vhost, SQS name and topic.
         let name = format!("dlqctl-t{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
-        let mut child = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/brokers"))
+        let mut command = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/brokers"));
+        if let Some(addr) = kafka {
+            command.env("DLQCTL_KAFKA_PORT", addr.port().to_string());
+        }
+        let mut child = command
             .args(["fixture", kind, &name])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

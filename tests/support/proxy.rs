@@ -4,7 +4,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,18 +15,30 @@ pub struct Proxy {
     pub port: u16,
     mode: Arc<AtomicU8>,
     open: Arc<Mutex<Vec<TcpStream>>>,
+    stopped: Arc<AtomicBool>,
+    accepting: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Proxy {
     /// Listen on a free loopback port and forward every connection to `upstream`.
     pub fn start(upstream: SocketAddr) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        Proxy::start_on(0, upstream)
+    }
+
+    /// Listen on loopback `port` (a broker advertises it) and forward to `upstream`; the port
+    /// is free again once the proxy is dropped.
+    pub fn start_on(port: u16, upstream: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind(("127.0.0.1", port)).unwrap_or_else(|e| panic!("proxy on port {port}: {e}"));
         let port = listener.local_addr().unwrap().port();
         let mode = Arc::new(AtomicU8::new(PASS));
         let open = Arc::new(Mutex::new(Vec::new()));
-        let (accept_mode, accept_open) = (mode.clone(), open.clone());
-        std::thread::spawn(move || {
+        let stopped = Arc::new(AtomicBool::new(false));
+        let (accept_mode, accept_open, accept_stopped) = (mode.clone(), open.clone(), stopped.clone());
+        let accepting = std::thread::spawn(move || {
             for client in listener.incoming() {
+                if accept_stopped.load(Ordering::SeqCst) {
+                    break;
+                }
                 let Ok(client) = client else { continue };
                 let Ok(server) = TcpStream::connect(upstream) else { continue };
                 let mut open = accept_open.lock().unwrap();
@@ -36,7 +48,7 @@ impl Proxy {
                 pump(server, client, accept_mode.clone());
             }
         });
-        Proxy { port, mode, open }
+        Proxy { port, mode, open, stopped, accepting: Some(accepting) }
     }
 
     /// Stop forwarding bytes; connections stay open and silent.
@@ -54,6 +66,18 @@ impl Proxy {
         for stream in self.open.lock().unwrap().drain(..) {
             let _ = stream.shutdown(Shutdown::Both);
         }
+    }
+}
+
+impl Drop for Proxy {
+    /// Stop listening (a last connection wakes the accepting thread) and close what is open.
+    fn drop(&mut self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        if let Some(accepting) = self.accepting.take() {
+            let _ = accepting.join();
+        }
+        self.cut();
     }
 }
 
