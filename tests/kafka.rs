@@ -266,9 +266,7 @@ const SCRAM_PASSWORD: &str = "never-print-kafka-scram";
 #[test]
 fn sasl_ssl_with_scram_and_a_client_certificate() {
     let Some(addr) = support::require_kafka_secure() else { return };
-    let tls = std::env::var_os("DLQCTL_BROKERS_DIR")
-        .map_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/brokers"), Into::into)
-        .join("tls");
+    let tls = support::brokers_dir().join("tls");
     let file = |name: &str| tls.join(name).display().to_string();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("config.toml");

@@ -427,9 +427,7 @@ fn hostile_letters_arrive_intact_or_are_refused_one_by_one() {
 #[test]
 fn amqps_with_a_ca_and_a_client_certificate() {
     let Some(_) = require(TestBroker::Rabbitmq) else { return };
-    let tls = std::env::var_os("DLQCTL_BROKERS_DIR")
-        .map_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/brokers"), Into::into)
-        .join("tls");
+    let tls = support::brokers_dir().join("tls");
     let port = std::env::var("DLQCTL_RABBITMQ_TLS_PORT").unwrap_or_else(|_| "5671".into());
     let ns = Namespace::create(TestBroker::Rabbitmq, &letters(5));
     let plain_port = format!(":{}/", TestBroker::Rabbitmq.addr().port());

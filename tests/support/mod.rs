@@ -106,11 +106,15 @@ pub fn decide(name: &str, addr: SocketAddr, reachable: bool, ci: bool, skip_allo
     );
 }
 
+/// Where `scripts/brokers` keeps its state: seed counts, the test CA and certificates (`tls/`).
+pub fn brokers_dir() -> std::path::PathBuf {
+    std::env::var_os("DLQCTL_BROKERS_DIR")
+        .map_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/brokers"), Into::into)
+}
+
 /// The counts `scripts/brokers seed` wrote for the seeded story.
 pub fn seed_counts() -> serde_json::Value {
-    let dir = std::env::var("DLQCTL_BROKERS_DIR")
-        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/target/brokers").to_owned());
-    let path = format!("{dir}/seed.json");
+    let path = brokers_dir().join("seed.json").display().to_string();
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}: run scripts/brokers seed"));
     serde_json::from_str(&text).unwrap()
 }
