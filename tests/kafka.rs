@@ -100,6 +100,22 @@ fn peek_has_no_side_effects_and_says_so() {
 }
 
 #[test]
+fn summarize_reads_bodies_only_when_where_or_reason_from_looks_into_them() {
+    let Some(_) = require(TestBroker::Kafka) else { return };
+    let ns = Namespace::create(TestBroker::Kafka, &letters(8));
+    let total = |args: &[&str]| {
+        let mut all = vec!["summarize", ns.target.as_str(), "-o", "json", "-q"];
+        all.extend_from_slice(args);
+        json(&ok(&all))
+    };
+    assert_eq!(total(&[])["total"], 8);
+    // letters() marks every fourth body from the second on "keep": false.
+    assert_eq!(total(&["--where", "body.keep=false"])["total"], 2, "a body predicate still sees the bodies");
+    let by_keep = total(&["--reason-from", "body.keep", "--by", "exception"]);
+    assert_eq!(counts(&by_keep, "exception"), BTreeMap::from([("false".into(), 2), ("true".into(), 6)]));
+}
+
+#[test]
 fn a_thousand_records_at_200_per_second_none_lost_offsets_committed() {
     let Some(_) = require(TestBroker::Kafka) else { return };
     let ns = Namespace::create_kind(TestBroker::Kafka, "kafka-3", &letters(1000));

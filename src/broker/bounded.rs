@@ -5,10 +5,12 @@
 //! the same `--timeout`, and running out of it is an error that names the call.
 
 use std::future::Future;
+use std::task::Poll;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt;
+use tokio::time::error::Elapsed;
 
 use super::{
     Broker, Capabilities, Description, Destination, Failure, Handle, LetterStream, MoveTask, PublishError, Received,
@@ -39,6 +41,16 @@ impl<T: ?Sized> Bounded<T> {
 /// `call`, or an error naming `what` and `shown` when it has not answered within `limit`.
 pub async fn within<T>(limit: Duration, shown: &str, what: &str, call: impl Future<Output = Result<T>>) -> Result<T> {
     tokio::time::timeout(limit, call).await.unwrap_or_else(|_| Err(stalled(limit, shown, what)))
+}
+
+/// `tokio::time::timeout`, without its clock read and timer when `call` is ready at once, as
+/// most messages of a read are (already buffered by the client library).
+pub async fn ready_or_timeout<F: Future>(limit: Duration, call: F) -> std::result::Result<F::Output, Elapsed> {
+    let mut call = std::pin::pin!(call);
+    match futures::poll!(call.as_mut()) {
+        Poll::Ready(output) => Ok(output),
+        Poll::Pending => tokio::time::timeout(limit, call).await,
+    }
 }
 
 fn stalled(limit: Duration, shown: &str, what: &str) -> Error {
@@ -72,7 +84,7 @@ impl Broker for Bounded<dyn Broker> {
         let letters = self.within("starting a read", self.inner.peek(limit)).await?;
         Ok(futures::stream::unfold(Some(letters), move |letters| async move {
             let mut letters = letters?;
-            match tokio::time::timeout(self.limit, letters.next()).await {
+            match ready_or_timeout(self.limit, letters.next()).await {
                 Ok(Some(item)) => Some((item, Some(letters))),
                 Ok(None) => None,
                 Err(_) => Some((Err(stalled(self.limit, &self.shown, "reading the next message")), None)),

@@ -27,6 +27,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use rdkafka::{Offset, TopicPartitionList};
 use regex::Regex;
 
+use super::bounded::ready_or_timeout;
 use super::{
     Broker, Capabilities, Description, Destination, Failure, Handle, LetterStream, OpenOptions, PublishError, Received,
     Route, Sink, Tokens,
@@ -57,7 +58,7 @@ pub struct KafkaBroker {
     commits: Mutex<BTreeMap<i32, Commit>>,
     /// (partition, offset) of handed-out messages.
     handed: Tokens<(i32, i64)>,
-    producer: tokio::sync::OnceCell<FutureProducer>,
+    producer: tokio::sync::OnceCell<Detached<FutureProducer>>,
     /// Destination topics known to exist (checked once each, since a produce to a missing
     /// topic only times out).
     topics_seen: Mutex<BTreeSet<String>>,
@@ -135,7 +136,7 @@ fn connect(consumer: &BaseConsumer<Reporter>, topic: Option<&str>, shown: &str) 
 /// Reads a topic from given offsets up to the high watermarks seen when it started.
 struct Reader {
     /// Shared with the blocking commit, which runs off the async thread.
-    consumer: Arc<StreamConsumer>,
+    consumer: Arc<Detached<StreamConsumer>>,
     /// Per partition: the next offset wanted and the end (high watermark) to stop at.
     positions: BTreeMap<i32, (i64, i64)>,
     /// Offsets already settled by an earlier run (from commit metadata): skipped.
@@ -159,12 +160,13 @@ impl KafkaBroker {
         // Fail now, within a bounded time, when the cluster cannot be reached. rdkafka takes
         // its log level from the `log` crate, which dlqctl leaves off: set so that librdkafka
         // says why a connection failed.
-        let consumer = broker
+        let consumer: BaseConsumer<Reporter> = broker
             .config()
             .set("group.id", &broker.target.group)
             .set_log_level(RDKafkaLogLevel::Error)
             .create_with_context(Reporter::default())
             .map_err(|e| Error::Runtime(format!("cannot create a Kafka client for {}: {e}", broker.shown)))?;
+        let consumer = Detached::new(consumer);
         let topic = target.topic.clone();
         let shown = broker.shown.clone();
         tokio::task::spawn_blocking(move || {
@@ -198,7 +200,7 @@ impl KafkaBroker {
         config
     }
 
-    fn consumer(&self) -> Result<StreamConsumer> {
+    fn consumer(&self) -> Result<Detached<StreamConsumer>> {
         self.config()
             .set("group.id", &self.target.group)
             .set("enable.auto.commit", "false")
@@ -206,6 +208,7 @@ impl KafkaBroker {
             .set("enable.partition.eof", "false")
             .set("auto.offset.reset", "earliest")
             .create()
+            .map(Detached::new)
             .map_err(|e| Error::Runtime(format!("cannot create a Kafka consumer for {}: {e}", self.shown)))
     }
 
@@ -312,7 +315,7 @@ impl KafkaBroker {
             enqueued_at: None,
             headers,
             extras,
-            body: m.payload().map(<[u8]>::to_vec),
+            body: if self.options.bodies { m.payload().map(<[u8]>::to_vec) } else { None },
         }
     }
 
@@ -327,8 +330,10 @@ impl KafkaBroker {
                     // a record the DLT holds must be able to go back to a topic configured like it.
                     .set("message.max.bytes", "104857600")
                     .create::<FutureProducer>()
+                    .map(Detached::new)
             })
             .await
+            .map(|producer| &**producer)
             .map_err(|e| PublishError {
                 failure: Failure::Transient,
                 message: format!("cannot create a producer: {e}"),
@@ -362,7 +367,7 @@ impl Reader {
             if self.positions.values().all(|(next, end)| next >= end) {
                 return None;
             }
-            let message = match tokio::time::timeout(IDLE, self.consumer.recv()).await {
+            let message = match ready_or_timeout(IDLE, self.consumer.recv()).await {
                 Err(_) => return None,
                 Ok(Err(e)) => return Some(Err(e)),
                 Ok(Ok(m)) => m,
@@ -379,6 +384,33 @@ impl Reader {
                 continue;
             }
             return Some(Ok(f(&message)));
+        }
+    }
+}
+
+/// A librdkafka client destroyed off the async thread, without waiting: destroying one waits
+/// for each of its threads to notice (about 100 ms a client), and whatever a client owed
+/// (delivery reports, commits) has been awaited before it is dropped.
+struct Detached<T: Send + 'static>(Option<T>);
+
+impl<T: Send + 'static> Detached<T> {
+    fn new(client: T) -> Self {
+        Detached(Some(client))
+    }
+}
+
+impl<T: Send + 'static> std::ops::Deref for Detached<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.0.as_ref().expect("present until dropped")
+    }
+}
+
+impl<T: Send + 'static> Drop for Detached<T> {
+    fn drop(&mut self) {
+        let client = self.0.take();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn_blocking(move || drop(client));
         }
     }
 }
@@ -407,16 +439,24 @@ pub fn decode_failure_headers(headers: &Headers) -> Decoded {
             _ => None,
         }
     };
-    let spring = |side: &str| {
-        text(&format!("kafka_dlt-{side}exception-fqcn")).map(|class| Reason {
-            raw: Some(if side.is_empty() { class.clone() } else { format!("key: {class}") }),
+    // The value side's names, else the key side's: [class, cause class, message, shown prefix].
+    let spring = |names: [&str; 4]| {
+        text(names[0]).map(|class| Reason {
+            raw: Some(format!("{}{class}", names[3])),
             exception_class: Some(class),
-            cause_class: text(&format!("kafka_dlt-{side}exception-cause-fqcn")),
-            message: text(&format!("kafka_dlt-{side}exception-message")),
+            cause_class: text(names[1]),
+            message: text(names[2]),
             ..Reason::new(ReasonKind::Exception)
         })
     };
-    if let Some(reason) = spring("").or_else(|| spring("key-")) {
+    let value_side = ["kafka_dlt-exception-fqcn", "kafka_dlt-exception-cause-fqcn", "kafka_dlt-exception-message", ""];
+    let key_side = [
+        "kafka_dlt-key-exception-fqcn",
+        "kafka_dlt-key-exception-cause-fqcn",
+        "kafka_dlt-key-exception-message",
+        "key: ",
+    ];
+    if let Some(reason) = spring(value_side).or_else(|| spring(key_side)) {
         return Decoded {
             reason,
             source: Source {
@@ -731,6 +771,7 @@ impl KafkaBroker {
 
     async fn topic_config(&self, topic: &str) -> (Option<i64>, Option<String>) {
         let Ok(admin) = self.config().create::<AdminClient<DefaultClientContext>>() else { return (None, None) };
+        let admin = Detached::new(admin);
         let options = AdminOptions::new().request_timeout(Some(TIMEOUT));
         let Ok(results) = admin.describe_configs(&[ResourceSpecifier::Topic(topic)], &options).await else {
             return (None, None);

@@ -190,6 +190,9 @@ pub struct OpenOptions {
     pub from_beginning: bool,
     /// Kafka: redrive to the original partition rather than by key.
     pub keep_partition: bool,
+    /// Whether the verb looks at bodies. `false` lets a backend that would copy each body out
+    /// of its client's buffer leave it there (letters then come without one).
+    pub bodies: bool,
 }
 
 impl Default for OpenOptions {
@@ -200,6 +203,7 @@ impl Default for OpenOptions {
             force: false,
             from_beginning: false,
             keep_partition: false,
+            bodies: true,
         }
     }
 }

@@ -28,6 +28,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tokio::sync::Mutex;
 
+use super::bounded::ready_or_timeout;
 use super::{
     Broker, Capabilities, Description, Destination, Failure, Handle, LetterStream, OpenOptions, PublishError, Received,
     Route, Sink,
@@ -303,7 +304,7 @@ impl RabbitmqBroker {
         if scan.delivered == SCAN_PREFETCH {
             *scan = self.open_scan(queue).await?;
         }
-        let delivery = match tokio::time::timeout(SCAN_QUIET, scan.consumer.next()).await {
+        let delivery = match ready_or_timeout(SCAN_QUIET, scan.consumer.next()).await {
             Ok(delivery) => delivery,
             Err(_quiet) => {
                 let got =
@@ -583,7 +584,7 @@ impl Broker for RabbitmqBroker {
         while deliveries.len() < max {
             // Messages the run holds back use up the consumer's prefetch: then only gets help.
             let starved = taker.tags.outstanding.len() + deliveries.len() >= usize::from(taker.prefetch);
-            let next = if starved { None } else { tokio::time::timeout(TAKE_QUIET, consumer.next()).await.ok() };
+            let next = if starved { None } else { ready_or_timeout(TAKE_QUIET, consumer.next()).await.ok() };
             match next {
                 Some(Some(delivery)) => deliveries.push(delivery.map_err(failed)?),
                 Some(None) => return Err(Error::Runtime(format!("reading {queue}: the broker cancelled the read"))),

@@ -52,6 +52,14 @@ impl Context {
         Ok((target, broker))
     }
 
+    /// [`Context::open`] for a verb that shows no bodies: they are still read when `--where`
+    /// or `--reason-from` look into them.
+    pub async fn open_without_bodies(&self, read: &ReadArgs) -> Result<(Target, Box<dyn Broker>)> {
+        let reason_from = read.reason_from.as_deref().map(ReasonFrom::parse).transpose()?;
+        let bodies = Selection::parse(&read.filters)?.reads_bodies() || reason_from.is_some_and(|r| r.reads_bodies());
+        self.open_with(read, OpenOptions { bodies, ..OpenOptions::default() }).await
+    }
+
     /// Read the DLQ without consuming it: the messages `--where` selects, at most `limit`.
     /// Says on stderr what reading costs on this broker, once the read has begun (so a
     /// mistyped DLQ gets only its error).

@@ -77,6 +77,11 @@ impl Selection {
         self.predicates.is_empty()
     }
 
+    /// Whether any predicate looks into the body.
+    pub fn reads_bodies(&self) -> bool {
+        self.predicates.iter().any(|p| matches!(p.field, Field::Body(_)))
+    }
+
     pub fn matches(&self, letter: &DeadLetter, now: DateTime<Utc>) -> bool {
         if self.predicates.is_empty() {
             return true;
@@ -207,6 +212,10 @@ impl ReasonFrom {
         Err(Error::Usage(format!("--reason-from {text:?}: expected header:NAME, attr:NAME or body.PATH")))
     }
 
+    pub fn reads_bodies(&self) -> bool {
+        matches!(self, ReasonFrom::Body(_))
+    }
+
     /// Record the field's value as the exception class; a letter without it is unchanged.
     pub fn apply(&self, letter: &mut DeadLetter) {
         let found = match self {
@@ -328,6 +337,14 @@ mod tests {
             assert!(matches!(err, Error::Usage(_)), "{expr}");
             assert!(msg.contains(expr) && msg.contains(why), "{expr}: {msg}");
         }
+    }
+
+    #[test]
+    fn only_body_fields_read_bodies() {
+        assert!(Selection::parse(&["reason=expired", "body.customer.id=42"]).unwrap().reads_bodies());
+        assert!(!Selection::parse(&["reason=expired", "header.body=x", "age>2h"]).unwrap().reads_bodies());
+        assert!(ReasonFrom::parse("body.error.type").unwrap().reads_bodies());
+        assert!(!ReasonFrom::parse("header:x-error").unwrap().reads_bodies());
     }
 
     #[test]
