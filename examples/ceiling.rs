@@ -5,7 +5,9 @@
 //!     ceiling rabbitmq-read AMQP_URL QUEUE N [PREFETCH]   every message, none consumed
 //!     ceiling rabbitmq-move AMQP_URL FROM TO N      publish with confirms, then ack
 //!     ceiling kafka-read BROKERS TOPIC N            from the beginning, every partition
-//!     ceiling kafka-move BROKERS FROM TO N          produce with delivery reports
+//!     ceiling kafka-move BROKERS FROM TO N [+ID]    produce with delivery reports; with +ID,
+//!                                                   add the two headers a redrive must add
+//!                                                   (what they cost the broker, told apart)
 //!     ceiling sqs-read QUEUE_URL N                  receive, then make visible again
 //!     ceiling sqs-move FROM_URL TO_URL N            send batch, then delete batch
 //!
@@ -21,6 +23,7 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Header;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
@@ -40,7 +43,10 @@ async fn main() -> Result<()> {
         }
         Some("rabbitmq-move") => rabbitmq_move(&args[1], &args[2], &args[3], n(4)).await,
         Some("kafka-read") => kafka_read(&args[1], &args[2], n(3)),
-        Some("kafka-move") => kafka_move(&args[1], &args[2], &args[3], n(4)).await,
+        Some("kafka-move") => {
+            let with_id = args.get(5).is_some_and(|a| a == "+ID");
+            kafka_move(&args[1], &args[2], &args[3], n(4), with_id).await
+        }
         Some("sqs-read") => sqs_read(&args[1], n(2)).await,
         Some("sqs-move") => sqs_move(&args[1], &args[2], n(3)).await,
         _ => Err("usage: see the comment at the top of examples/ceiling.rs".into()),
@@ -137,7 +143,7 @@ fn kafka_read(brokers: &str, topic: &str, n: usize) -> Result<()> {
     Ok(())
 }
 
-async fn kafka_move(brokers: &str, from: &str, to: &str, n: usize) -> Result<()> {
+async fn kafka_move(brokers: &str, from: &str, to: &str, n: usize, with_id: bool) -> Result<()> {
     let consumer = kafka_consumer(brokers, from)?;
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
@@ -155,7 +161,14 @@ async fn kafka_move(brokers: &str, from: &str, to: &str, n: usize) -> Result<()>
                 record = record.key(key);
             }
             if let Some(headers) = message.headers() {
-                record = record.headers(headers.detach());
+                let mut headers = headers.detach();
+                if with_id {
+                    // Same names and sizes as dlqctl's: a 32-hex-digit id and a count.
+                    headers = headers
+                        .insert(Header { key: "dlqctl-redrive-id", value: Some("0123456789abcdef0123456789abcdef") })
+                        .insert(Header { key: "dlqctl-redrive-count", value: Some("1") });
+                }
+                record = record.headers(headers);
             }
             reports.push(producer.send_result(record).map_err(|(e, _)| e)?);
         }
