@@ -487,9 +487,9 @@ enum BodyEncoding {
     Base64,
 }
 
-impl Serialize for DeadLetter {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut st = s.serialize_struct("DeadLetter", 14)?;
+impl DeadLetter {
+    /// Every field but the body, which goes last.
+    fn serialize_head<S: SerializeStruct>(&self, st: &mut S) -> Result<(), S::Error> {
         st.serialize_field("schema", SCHEMA)?;
         st.serialize_field("id", &self.id)?;
         if let Some(broker) = &self.broker {
@@ -516,6 +516,63 @@ impl Serialize for DeadLetter {
         if !self.extras.is_empty() {
             st.serialize_field("extras", &self.extras)?;
         }
+        Ok(())
+    }
+
+    /// Appends this letter as one JSON object, exactly as `Serialize` writes it, but with the
+    /// body escaped by SIMD: serde_json escapes a byte at a time, and a kilobyte-sized body
+    /// cost a quarter of an export's CPU that way.
+    pub fn write_json(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
+        serde_json::to_writer(&mut *out, &Head(self))?;
+        // Reopen the object (it always has fields) to append the body.
+        debug_assert_eq!(out.last(), Some(&b'}'));
+        out.pop();
+        out.extend_from_slice(b",\"body\":");
+        match self.body.as_deref().map(std::str::from_utf8) {
+            None => out.extend_from_slice(b"null"),
+            Some(Ok(text)) => {
+                json_escape_simd::escape_into(text, out);
+                out.extend_from_slice(b",\"body_encoding\":\"utf8\"");
+            }
+            Some(Err(_)) => {
+                let bytes = self.body_bytes();
+                out.push(b'"');
+                let start = out.len();
+                out.resize(start + base64::encoded_len(bytes.len(), true).unwrap_or_default(), 0);
+                let written = BASE64.encode_slice(bytes, &mut out[start..]).map_err(serde::ser::Error::custom)?;
+                out.truncate(start + written);
+                out.extend_from_slice(b"\",\"body_encoding\":\"base64\"");
+            }
+        }
+        out.push(b'}');
+        Ok(())
+    }
+
+    /// [`DeadLetter::write_json`] as one JSONL line, through `scratch` (kept between calls
+    /// so that a stream of letters allocates nothing per line).
+    pub fn write_json_line(&self, out: &mut impl std::io::Write, scratch: &mut Vec<u8>) -> std::io::Result<()> {
+        scratch.clear();
+        self.write_json(scratch)?;
+        scratch.push(b'\n');
+        out.write_all(scratch)
+    }
+}
+
+/// A letter without its body, for [`DeadLetter::write_json`].
+struct Head<'a>(&'a DeadLetter);
+
+impl Serialize for Head<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut st = s.serialize_struct("DeadLetter", 12)?;
+        self.0.serialize_head(&mut st)?;
+        st.end()
+    }
+}
+
+impl Serialize for DeadLetter {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut st = s.serialize_struct("DeadLetter", 14)?;
+        self.serialize_head(&mut st)?;
         match self.body.as_deref().map(std::str::from_utf8) {
             None => {
                 st.serialize_field("body", &())?;
@@ -672,6 +729,33 @@ mod tests {
         assert_eq!(json["body_encoding"], "utf8");
         assert_eq!(json["body"], "{\"a\":1}");
         assert_eq!(json["schema"], SCHEMA);
+    }
+
+    #[test]
+    fn the_fast_line_writer_writes_what_serde_writes() {
+        let mut letter = rich_letter();
+        // Every byte that needs escaping, at every offset a SIMD block can put it at, and
+        // long enough to cross several blocks; plus multi-byte text, binary, empty and none.
+        let mut tricky: Vec<u8> = (0u8..0x80).collect();
+        tricky.extend("é€😀\"\\/".as_bytes());
+        let mut bodies: Vec<Option<Vec<u8>>> = vec![None, Some(Vec::new()), Some(vec![0xff, 0, 0x41])];
+        for offset in 0..70 {
+            let mut body = "x".repeat(offset).into_bytes();
+            body.extend(&tricky);
+            body.extend("y".repeat(offset * 3).as_bytes());
+            bodies.push(Some(body.clone()));
+            body.push(0xfe);
+            bodies.push(Some(body));
+        }
+        let mut scratch = Vec::new();
+        for body in bodies {
+            letter.body = body;
+            let mut line = Vec::new();
+            letter.write_json_line(&mut line, &mut scratch).unwrap();
+            let mut expected = serde_json::to_vec(&letter).unwrap();
+            expected.push(b'\n');
+            assert_eq!(String::from_utf8_lossy(&line), String::from_utf8_lossy(&expected));
+        }
     }
 
     #[test]

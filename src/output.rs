@@ -7,6 +7,7 @@ use comfy_table::{Attribute, Cell, Color, ContentArrangement, Table, presets};
 use serde::Serialize;
 
 use crate::error::Result;
+use crate::model::DeadLetter;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -30,6 +31,8 @@ pub struct Output {
     tty: bool,
     quiet: bool,
     out: BufWriter<Stdout>,
+    /// Reused for every dead letter's line.
+    line: Vec<u8>,
 }
 
 impl Output {
@@ -42,7 +45,7 @@ impl Output {
             ColorChoice::Never => false,
             ColorChoice::Auto => tty && !no_color,
         };
-        Output { format, color, tty, quiet, out: BufWriter::with_capacity(128 * 1024, stdout) }
+        Output { format, color, tty, quiet, out: BufWriter::with_capacity(128 * 1024, stdout), line: Vec::new() }
     }
 
     pub fn quiet(&self) -> bool {
@@ -61,6 +64,12 @@ impl Output {
     pub fn json_line<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<()> {
         serde_json::to_writer(&mut self.out, value).map_err(io::Error::from)?;
         self.out.write_all(b"\n")?;
+        Ok(())
+    }
+
+    /// One dead letter as a JSONL line.
+    pub fn letter_line(&mut self, letter: &DeadLetter) -> Result<()> {
+        letter.write_json_line(&mut self.out, &mut self.line)?;
         Ok(())
     }
 

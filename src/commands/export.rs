@@ -11,6 +11,7 @@ use futures::TryStreamExt;
 use super::Context;
 use crate::cli::ExportArgs;
 use crate::error::{Error, Result};
+use crate::model::DeadLetter;
 
 pub async fn run(ctx: &mut Context, args: &ExportArgs) -> Result<()> {
     let (target, broker) = ctx.open(&args.read).await?;
@@ -21,8 +22,8 @@ pub async fn run(ctx: &mut Context, args: &ExportArgs) -> Result<()> {
     while let Some(mut letter) = letters.try_next().await? {
         redactor.apply(&mut letter);
         match &mut file {
-            Some(f) => f.write_line(&letter)?,
-            None => ctx.out.json_line(&letter)?,
+            Some(f) => f.write_letter(&letter)?,
+            None => ctx.out.letter_line(&letter)?,
         }
         count += 1;
     }
@@ -41,6 +42,7 @@ struct PartialFile {
     path: PathBuf,
     tmp: PathBuf,
     out: BufWriter<File>,
+    line: Vec<u8>,
 }
 
 impl PartialFile {
@@ -49,13 +51,18 @@ impl PartialFile {
         tmp.push(".partial");
         let tmp = PathBuf::from(tmp);
         let file = File::create(&tmp).map_err(|e| Error::io(format!("cannot create {}", tmp.display()), e))?;
-        Ok(PartialFile { path: path.to_path_buf(), tmp, out: BufWriter::with_capacity(128 * 1024, file) })
+        Ok(PartialFile {
+            path: path.to_path_buf(),
+            tmp,
+            out: BufWriter::with_capacity(128 * 1024, file),
+            line: Vec::new(),
+        })
     }
 
-    fn write_line<T: serde::Serialize>(&mut self, value: &T) -> Result<()> {
-        let fail = |e: std::io::Error| Error::io(format!("cannot write {}", self.tmp.display()), e);
-        serde_json::to_writer(&mut self.out, value).map_err(|e| fail(e.into()))?;
-        self.out.write_all(b"\n").map_err(fail)
+    fn write_letter(&mut self, letter: &DeadLetter) -> Result<()> {
+        letter
+            .write_json_line(&mut self.out, &mut self.line)
+            .map_err(|e| Error::io(format!("cannot write {}", self.tmp.display()), e))
     }
 
     fn commit(mut self) -> Result<PathBuf> {
