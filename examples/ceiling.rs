@@ -4,7 +4,9 @@
 //!
 //!     ceiling rabbitmq-read AMQP_URL QUEUE N [PREFETCH]   every message, none consumed
 //!     ceiling rabbitmq-move AMQP_URL FROM TO N      publish with confirms, then ack
-//!     ceiling kafka-read BROKERS TOPIC N            from the beginning, every partition
+//!     ceiling kafka-read BROKERS TOPIC N [+HEADERS] from the beginning, every partition; with
+//!                                                   +HEADERS, also read every header (librdkafka
+//!                                                   parses them only when asked)
 //!     ceiling kafka-move BROKERS FROM TO N [+ID]    produce with delivery reports; with +ID,
 //!                                                   add the two headers a redrive must add
 //!                                                   (what they cost the broker, told apart)
@@ -23,7 +25,7 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Header;
+use rdkafka::message::{Header, Headers as _};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
@@ -42,7 +44,7 @@ async fn main() -> Result<()> {
             rabbitmq_read(&args[1], &args[2], n(3), prefetch).await
         }
         Some("rabbitmq-move") => rabbitmq_move(&args[1], &args[2], &args[3], n(4)).await,
-        Some("kafka-read") => kafka_read(&args[1], &args[2], n(3)),
+        Some("kafka-read") => kafka_read(&args[1], &args[2], n(3), args.get(4).is_some_and(|a| a == "+HEADERS")),
         Some("kafka-move") => {
             let with_id = args.get(5).is_some_and(|a| a == "+ID");
             kafka_move(&args[1], &args[2], &args[3], n(4), with_id).await
@@ -131,12 +133,17 @@ fn kafka_consumer(brokers: &str, topic: &str) -> Result<BaseConsumer> {
     Ok(consumer)
 }
 
-fn kafka_read(brokers: &str, topic: &str, n: usize) -> Result<()> {
+fn kafka_read(brokers: &str, topic: &str, n: usize, with_headers: bool) -> Result<()> {
     let consumer = kafka_consumer(brokers, topic)?;
     let mut read = 0;
     while read < n {
         if let Some(message) = consumer.poll(Duration::from_secs(10)) {
-            message?;
+            let message = message?;
+            if with_headers && let Some(headers) = message.headers() {
+                for header in headers.iter() {
+                    std::hint::black_box((header.key, header.value));
+                }
+            }
             read += 1;
         }
     }

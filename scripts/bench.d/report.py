@@ -40,6 +40,7 @@ for label in rows:
     parts = [compare(label, ceiling, "ceiling")]
     if job != "redrive":
         parts.append(compare(label, f"peer_export_{broker}", "peer"))
+        parts.append(compare(label, f"{ceiling}_with_headers", "ceiling-reading-headers"))
     else:
         parts.append(compare(label, f"{ceiling}_with_id", "ceiling-with-redrive-headers"))
     print(f"- dlqctl {job} {broker}: " + "; ".join(p for p in parts if p))
