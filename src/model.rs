@@ -535,12 +535,9 @@ impl DeadLetter {
                 out.extend_from_slice(b",\"body_encoding\":\"utf8\"");
             }
             Some(Err(_)) => {
-                let bytes = self.body_bytes();
+                // Base64 needs no escaping.
                 out.push(b'"');
-                let start = out.len();
-                out.resize(start + base64::encoded_len(bytes.len(), true).unwrap_or_default(), 0);
-                let written = BASE64.encode_slice(bytes, &mut out[start..]).map_err(serde::ser::Error::custom)?;
-                out.truncate(start + written);
+                out.extend_from_slice(BASE64.encode(self.body_bytes()).as_bytes());
                 out.extend_from_slice(b"\",\"body_encoding\":\"base64\"");
             }
         }
@@ -548,13 +545,13 @@ impl DeadLetter {
         Ok(())
     }
 
-    /// [`DeadLetter::write_json`] as one JSONL line, through `scratch` (kept between calls
-    /// so that a stream of letters allocates nothing per line).
-    pub fn write_json_line(&self, out: &mut impl std::io::Write, scratch: &mut Vec<u8>) -> std::io::Result<()> {
+    /// [`DeadLetter::write_json`] as one JSONL line, built in `scratch` (kept between calls
+    /// so that a stream of letters allocates nothing per line) and returned for writing.
+    pub fn json_line<'a>(&self, scratch: &'a mut Vec<u8>) -> serde_json::Result<&'a [u8]> {
         scratch.clear();
         self.write_json(scratch)?;
         scratch.push(b'\n');
-        out.write_all(scratch)
+        Ok(scratch)
     }
 }
 
@@ -750,11 +747,10 @@ mod tests {
         let mut scratch = Vec::new();
         for body in bodies {
             letter.body = body;
-            let mut line = Vec::new();
-            letter.write_json_line(&mut line, &mut scratch).unwrap();
+            let line = letter.json_line(&mut scratch).unwrap();
             let mut expected = serde_json::to_vec(&letter).unwrap();
             expected.push(b'\n');
-            assert_eq!(String::from_utf8_lossy(&line), String::from_utf8_lossy(&expected));
+            assert_eq!(String::from_utf8_lossy(line), String::from_utf8_lossy(&expected));
         }
     }
 

@@ -69,7 +69,8 @@ impl Output {
 
     /// One dead letter as a JSONL line.
     pub fn letter_line(&mut self, letter: &DeadLetter) -> Result<()> {
-        letter.write_json_line(&mut self.out, &mut self.line)?;
+        let line = letter.json_line(&mut self.line).map_err(io::Error::from)?;
+        self.out.write_all(line)?;
         Ok(())
     }
 

@@ -334,10 +334,7 @@ impl ArchiveSink {
         let mut out = self.out.lock().await;
         let mut line = Vec::with_capacity(4096);
         for (letter, _) in batch {
-            line.clear();
-            serde_json::to_writer(&mut line, letter)?;
-            line.push(b'\n');
-            out.write_all(&line).await?;
+            out.write_all(letter.json_line(&mut line)?).await?;
         }
         out.flush().await?;
         out.get_ref().sync_data().await

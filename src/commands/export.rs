@@ -60,9 +60,9 @@ impl PartialFile {
     }
 
     fn write_letter(&mut self, letter: &DeadLetter) -> Result<()> {
-        letter
-            .write_json_line(&mut self.out, &mut self.line)
-            .map_err(|e| Error::io(format!("cannot write {}", self.tmp.display()), e))
+        let fail = |e: std::io::Error| Error::io(format!("cannot write {}", self.tmp.display()), e);
+        let line = letter.json_line(&mut self.line).map_err(|e| fail(e.into()))?;
+        self.out.write_all(line).map_err(fail)
     }
 
     fn commit(mut self) -> Result<PathBuf> {
