@@ -40,6 +40,11 @@ impl Headers {
         Self::default()
     }
 
+    /// Room for `n` without growing, for a backend that knows how many it is about to push.
+    pub fn with_capacity(n: usize) -> Self {
+        Self(Vec::with_capacity(n))
+    }
+
     /// The first value under `name`.
     pub fn get(&self, name: &str) -> Option<&Value> {
         self.0.iter().find(|(k, _)| k == name).map(|(_, v)| v)

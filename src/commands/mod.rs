@@ -78,6 +78,11 @@ impl Context {
         if let Some(cost) = broker.capabilities().peek_cost {
             self.out.note(cost);
         }
+        if reason_from.is_none() && selection.is_everything() {
+            // Nothing to change or leave out, and the broker stops at the limit: each adapter
+            // below would only move every letter once more.
+            return Ok(letters);
+        }
         let selected = letters
             .map_ok(move |mut letter| {
                 if let Some(from) = &reason_from {
