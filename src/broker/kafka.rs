@@ -288,8 +288,9 @@ impl KafkaBroker {
     }
 
     fn normalize(&self, m: &impl Message) -> DeadLetter {
-        let mut headers = Headers::with_capacity(m.headers().map_or(0, |hs| hs.count()));
-        if let Some(hs) = m.headers() {
+        let hs = m.headers();
+        let mut headers = Headers::with_capacity(hs.map_or(0, |hs| hs.count()));
+        if let Some(hs) = hs {
             for h in hs.iter() {
                 headers.push(h.key, h.value.map_or(Value::Null, header_value));
             }
