@@ -156,8 +156,7 @@ fn write_full(w: &mut impl Write, letter: &DeadLetter, separator: bool) -> std::
 }
 
 fn base64_of(bytes: &[u8]) -> String {
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD.encode(bytes)
+    base64_simd::STANDARD.encode_to_string(bytes)
 }
 
 #[cfg(test)]
