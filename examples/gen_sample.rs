@@ -39,10 +39,9 @@ fn main() {
     let out = std::io::stdout().lock();
     let mut out = BufWriter::with_capacity(1 << 20, out);
     let mut rng = Rng(0x0D1C_C71D);
+    let mut line = Vec::new();
     for i in 0..count {
-        let letter = make(i, &mut rng);
-        serde_json::to_writer(&mut out, &letter).expect("stdout");
-        out.write_all(b"\n").expect("stdout");
+        out.write_all(make(i, &mut rng).json_line(&mut line)).expect("stdout");
     }
     out.flush().expect("stdout");
 }

@@ -69,8 +69,7 @@ impl Output {
 
     /// One dead letter as a JSONL line.
     pub fn letter_line(&mut self, letter: &DeadLetter) -> Result<()> {
-        let line = letter.json_line(&mut self.line).map_err(io::Error::from)?;
-        self.out.write_all(line)?;
+        self.out.write_all(letter.json_line(&mut self.line))?;
         Ok(())
     }
 

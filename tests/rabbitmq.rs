@@ -401,8 +401,7 @@ fn hostile_letters_arrive_intact_or_are_refused_one_by_one() {
     ];
     let dir = tempfile::tempdir().unwrap();
     let archive = dir.path().join("hostile.jsonl");
-    let lines: Vec<String> = hostile.iter().map(|l| serde_json::to_string(l).unwrap()).collect();
-    std::fs::write(&archive, lines.join("\n") + "\n").unwrap();
+    std::fs::write(&archive, support::jsonl(&hostile)).unwrap();
     let source = format!("{}/source", ns.target.trim_end_matches("/dlq"));
 
     let o = dlqctl(&["redrive", archive.to_str().unwrap(), "--to", &source, "--yes", "-o", "json", "-q"]);

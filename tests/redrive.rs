@@ -223,7 +223,7 @@ fn options() -> Options {
 fn write_jsonl(path: &Path, letters: &[DeadLetter]) {
     let mut text = Vec::new();
     for l in letters {
-        serde_json::to_writer(&mut text, l).unwrap();
+        l.write_json(&mut text);
         text.push(b'\n');
     }
     std::fs::write(path, text).unwrap();

@@ -173,12 +173,7 @@ fn a_refused_entry_stays_in_the_dlq_while_the_rest_of_its_batch_moves() {
     let mut batch = letters(5);
     // SQS refuses bodies with control characters such as U+0001; the other four are fine.
     batch[2].body = Some("bad \u{1} body".as_bytes().to_vec());
-    let mut lines = String::new();
-    for l in &batch {
-        lines.push_str(&serde_json::to_string(l).unwrap());
-        lines.push('\n');
-    }
-    std::fs::write(&archive, lines).unwrap();
+    std::fs::write(&archive, support::jsonl(&batch)).unwrap();
     let o = dlqctl_env(&["redrive", archive.to_str().unwrap(), "--to", &ns.target, "--yes", "-o", "json"], &[]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
     let summary = &json(&o)["summary"];

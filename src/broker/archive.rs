@@ -334,7 +334,7 @@ impl ArchiveSink {
         let mut out = self.out.lock().await;
         let mut line = Vec::with_capacity(4096);
         for (letter, _) in batch {
-            out.write_all(letter.json_line(&mut line)?).await?;
+            out.write_all(letter.json_line(&mut line)).await?;
         }
         out.flush().await?;
         out.get_ref().sync_data().await

@@ -882,7 +882,9 @@ fn seconds(secs: i64) -> Option<DateTime<Utc>> {
 fn content_id(body: &[u8], headers: &Headers) -> String {
     let mut digest = Sha256::new();
     digest.update(body);
-    digest.update(serde_json::to_vec(headers).unwrap_or_default());
+    let mut json = Vec::new();
+    headers.write_json(&mut json);
+    digest.update(json);
     let hex: String = digest.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect();
     format!("sha-{hex}")
 }

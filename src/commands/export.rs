@@ -61,8 +61,7 @@ impl PartialFile {
 
     fn write_letter(&mut self, letter: &DeadLetter) -> Result<()> {
         let fail = |e: std::io::Error| Error::io(format!("cannot write {}", self.tmp.display()), e);
-        let line = letter.json_line(&mut self.line).map_err(|e| fail(e.into()))?;
-        self.out.write_all(line).map_err(fail)
+        self.out.write_all(letter.json_line(&mut self.line)).map_err(fail)
     }
 
     fn commit(mut self) -> Result<PathBuf> {

@@ -23,12 +23,7 @@ impl Archive {
 impl Fixture for Archive {
     async fn dlq_with(&self, letters: &[DeadLetter]) -> Box<dyn Broker> {
         let path = tempfile::Builder::new().suffix(".jsonl").tempfile_in(self.dir.path()).unwrap().into_temp_path();
-        let mut text = Vec::new();
-        for letter in letters {
-            serde_json::to_writer(&mut text, letter).unwrap();
-            text.push(b'\n');
-        }
-        std::fs::write(&path, text).unwrap();
+        std::fs::write(&path, crate::support::jsonl(letters)).unwrap();
         let path = path.keep().unwrap();
         Box::new(ArchiveBroker::open(ArchiveTarget::File(path), &OpenOptions::default()).await.unwrap())
     }

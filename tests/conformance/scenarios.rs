@@ -91,11 +91,7 @@ pub async fn reasons_match_what_was_seeded(f: &impl Fixture) {
 pub async fn export_round_trip_is_lossless(f: &impl Fixture) {
     let broker = f.dlq_with(&seed_letters(8)).await;
     let read = all(broker.as_ref()).await;
-    let mut archive = Vec::new();
-    for letter in &read {
-        serde_json::to_writer(&mut archive, letter).unwrap();
-        archive.push(b'\n');
-    }
+    let archive = crate::support::jsonl(&read);
     let back: Vec<DeadLetter> =
         archive.split(|b| *b == b'\n').filter(|l| !l.is_empty()).map(|l| serde_json::from_slice(l).unwrap()).collect();
     assert_eq!(back, read);

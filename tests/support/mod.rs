@@ -107,6 +107,16 @@ pub fn decide(name: &str, addr: SocketAddr, reachable: bool, ci: bool, skip_allo
 }
 
 /// Where `scripts/brokers` keeps its state: seed counts, the test CA and certificates (`tls/`).
+/// Dead letters as archive lines, as dlqctl writes them.
+pub fn jsonl(letters: &[dlqctl::model::DeadLetter]) -> Vec<u8> {
+    let mut text = Vec::new();
+    for letter in letters {
+        letter.write_json(&mut text);
+        text.push(b'\n');
+    }
+    text
+}
+
 pub fn brokers_dir() -> std::path::PathBuf {
     std::env::var_os("DLQCTL_BROKERS_DIR")
         .map_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/brokers"), Into::into)
@@ -178,12 +188,7 @@ impl Namespace {
             .stdout(Stdio::piped())
             .spawn()
             .expect("run scripts/brokers fixture");
-        let mut input = Vec::new();
-        for letter in letters {
-            serde_json::to_writer(&mut input, letter).unwrap();
-            input.push(b'\n');
-        }
-        child.stdin.take().unwrap().write_all(&input).unwrap();
+        child.stdin.take().unwrap().write_all(&jsonl(letters)).unwrap();
         let out = child.wait_with_output().unwrap();
         assert!(out.status.success(), "scripts/brokers fixture {kind} {name} failed");
         let target = String::from_utf8(out.stdout).unwrap().trim().to_owned();
