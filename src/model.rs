@@ -1,7 +1,8 @@
 //! The normalized dead letter: one shape for a message that died on RabbitMQ, SQS or Kafka.
 //!
-//! Its JSON form is the JSONL archive format (`dlqctl/dead-letter/v1`), so the serde
-//! impls here are a public contract: see the README before changing a field.
+//! Its JSON form is the JSONL archive format (`dlqctl/dead-letter/v1`), so the writers
+//! (`write_json`) and the serde readers here are a public contract: see the README before
+//! changing a field.
 
 use std::{fmt, io};
 
@@ -258,7 +259,7 @@ fn is_tag(key: &str) -> bool {
 
 impl Value {
     /// Appends this value's JSON.
-    pub fn write_json(&self, out: &mut Vec<u8>) {
+    fn write_json(&self, out: &mut Vec<u8>) {
         match self {
             Value::Null => out.extend_from_slice(b"null"),
             Value::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
@@ -577,7 +578,7 @@ impl DeadLetter {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 enum BodyEncoding {
     Utf8,
@@ -656,9 +657,9 @@ impl DeadLetter {
     }
 }
 
-/// The line buffer as serde_json's writer, with one-byte writes inlined: serde_json writes
-/// every quote, colon and comma on its own, and through `Vec`'s `write_all` each was a call
-/// to memcpy.
+/// The line buffer as serde_json's writer for what it still writes (source, reason, floats),
+/// with one-byte writes inlined: serde_json writes every quote, colon and comma on its own,
+/// and through `Vec`'s `write_all` each was a call to memcpy.
 struct InlineWrites<'a>(&'a mut Vec<u8>);
 
 impl io::Write for InlineWrites<'_> {
