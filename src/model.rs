@@ -191,13 +191,13 @@ pub fn format_time(t: &DateTime<Utc>) -> String {
 /// A time as RFC 3339 text, exactly as chrono's `to_rfc3339_opts(AutoSi, true)` writes it
 /// (only the sub-second digits there are, `Z` for UTC), built on the stack: chrono's
 /// formatter and the string it returned cost 4% of a Kafka export, which writes two a line.
-pub struct TimeText {
+struct TimeText {
     bytes: [u8; 40],
     len: usize,
 }
 
 impl TimeText {
-    pub fn new(t: &DateTime<Utc>) -> Self {
+    fn new(t: &DateTime<Utc>) -> Self {
         let mut text = TimeText { bytes: [0; 40], len: 0 };
         let (year, nanos) = (t.year(), t.nanosecond());
         if !(0..=9999).contains(&year) || nanos >= 1_000_000_000 {
@@ -226,7 +226,7 @@ impl TimeText {
         text
     }
 
-    pub fn as_str(&self) -> &str {
+    fn as_str(&self) -> &str {
         std::str::from_utf8(&self.bytes[..self.len]).expect("RFC 3339 text is ASCII")
     }
 
@@ -659,7 +659,8 @@ impl DeadLetter {
 
 /// The line buffer as serde_json's writer for what it still writes (source, reason, floats),
 /// with one-byte writes inlined: serde_json writes every quote, colon and comma on its own,
-/// and through `Vec`'s `write_all` each was a call to memcpy.
+/// and through `Vec`'s `write_all` each was a call to memcpy (1.3% of a Kafka export's
+/// instructions now that serde_json writes only those; 3% when it wrote the whole line).
 struct InlineWrites<'a>(&'a mut Vec<u8>);
 
 impl io::Write for InlineWrites<'_> {
