@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+mod support;
+
 use async_trait::async_trait;
 use dlqctl::broker::archive::{ArchiveBroker, ArchiveSink};
 use dlqctl::broker::{
@@ -221,12 +223,7 @@ fn options() -> Options {
 }
 
 fn write_jsonl(path: &Path, letters: &[DeadLetter]) {
-    let mut text = Vec::new();
-    for l in letters {
-        l.write_json(&mut text);
-        text.push(b'\n');
-    }
-    std::fs::write(path, text).unwrap();
+    std::fs::write(path, support::jsonl(letters)).unwrap();
 }
 
 fn read_jsonl(path: &Path) -> Vec<DeadLetter> {
