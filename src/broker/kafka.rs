@@ -185,6 +185,11 @@ impl KafkaBroker {
     }
 
     fn config(&self) -> ClientConfig {
+        // OpenSSL set up without its exit handler before any librdkafka client exists: with
+        // it, clients destroyed off-thread (Detached) could still be running their threads'
+        // OpenSSL clean-up while the exit handler freed what they clean, and dlqctl crashed
+        // with SIGSEGV after a TLS redrive had finished (seen once in the SASL_SSL test).
+        openssl_sys::init();
         let mut config = ClientConfig::new();
         config
             .set("bootstrap.servers", self.target.bootstrap.join(","))
