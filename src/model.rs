@@ -4,7 +4,8 @@
 //! (`write_json`) and the serde readers here are a public contract: see the README before
 //! changing a field.
 
-use std::{fmt, io};
+use std::borrow::Cow;
+use std::fmt;
 
 // Encoding by base64-simd (already built for the AWS SDK; a quarter of base64's instructions
 // on the binary bodies of an export); decoding by base64, whose errors say what and where.
@@ -36,7 +37,11 @@ pub enum Value {
 /// Names to typed values, in the order the broker gave them; a name may repeat
 /// (Kafka headers allow it), so this is a list, not a map.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Headers(Vec<(String, Value)>);
+pub struct Headers(Vec<(Name, Value)>);
+
+/// A header name: most are dlqctl's or a framework's own, shared instead of copied into
+/// every letter; names read off the wire are owned.
+pub type Name = Cow<'static, str>;
 
 impl Headers {
     pub fn new() -> Self {
@@ -53,7 +58,7 @@ impl Headers {
         self.0.iter().find(|(k, _)| k == name).map(|(_, v)| v)
     }
 
-    pub fn push(&mut self, name: impl Into<String>, value: impl Into<Value>) {
+    pub fn push(&mut self, name: impl Into<Name>, value: impl Into<Value>) {
         self.0.push((name.into(), value.into()));
     }
 
@@ -62,22 +67,22 @@ impl Headers {
         let value = value.into();
         match self.0.iter_mut().find(|(k, _)| k == name) {
             Some((_, slot)) => *slot = value,
-            None => self.0.push((name.to_owned(), value)),
+            None => self.0.push((Cow::Owned(name.to_owned()), value)),
         }
     }
 
     /// Builder form of [`Headers::push`].
-    pub fn with(mut self, name: impl Into<String>, value: impl Into<Value>) -> Self {
+    pub fn with(mut self, name: impl Into<Name>, value: impl Into<Value>) -> Self {
         self.push(name, value);
         self
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Value)> {
-        self.0.iter().map(|(k, v)| (k.as_str(), v))
+        self.0.iter().map(|(k, v)| (k.as_ref(), v))
     }
 
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (&str, &mut Value)> {
-        self.0.iter_mut().map(|(k, v)| (k.as_str(), v))
+        self.0.iter_mut().map(|(k, v)| (&**k, v))
     }
 
     pub fn len(&self) -> usize {
@@ -89,7 +94,7 @@ impl Headers {
     }
 }
 
-impl<K: Into<String>, V: Into<Value>> FromIterator<(K, V)> for Headers {
+impl<K: Into<Name>, V: Into<Value>> FromIterator<(K, V)> for Headers {
     fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
         Headers(iter.into_iter().map(|(k, v)| (k.into(), v.into())).collect())
     }
@@ -263,10 +268,10 @@ impl Value {
         match self {
             Value::Null => out.extend_from_slice(b"null"),
             Value::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
-            Value::Int(n) => out.extend_from_slice(itoa::Buffer::new().format(*n).as_bytes()),
+            Value::Int(n) => write_int(out, *n),
             // serde_json's own float text (rare in headers; its format is its own, `1e+20`).
             Value::Float(x) if x.is_finite() => {
-                serde_json::to_writer(InlineWrites(out), x).expect("a finite float always serializes")
+                serde_json::to_writer(out, x).expect("a finite float always serializes")
             }
             Value::Float(x) => tagged(out, TAG_FLOAT, |out| write_str(out, &x.to_string())),
             Value::String(v) => write_str(out, v),
@@ -275,7 +280,7 @@ impl Value {
                 BASE64.encode_append(b, out);
                 out.push(b'"');
             }),
-            Value::Timestamp(t) => tagged(out, TAG_TIMESTAMP, |out| write_str(out, TimeText::new(t).as_str())),
+            Value::Timestamp(t) => tagged(out, TAG_TIMESTAMP, |out| write_plain(out, TimeText::new(t).as_str())),
             Value::List(items) => {
                 out.push(b'[');
                 for (i, item) in items.iter().enumerate() {
@@ -297,7 +302,7 @@ impl Value {
 /// `{"<tag>":<what write appends>}`.
 fn tagged(out: &mut Vec<u8>, tag: &str, write: impl FnOnce(&mut Vec<u8>)) {
     out.push(b'{');
-    write_str(out, tag);
+    write_plain(out, tag);
     out.push(b':');
     write(out);
     out.push(b'}');
@@ -306,6 +311,60 @@ fn tagged(out: &mut Vec<u8>, tag: &str, write: impl FnOnce(&mut Vec<u8>)) {
 /// A JSON string, escaped as serde_json escapes it, by SIMD.
 fn write_str(out: &mut Vec<u8>, s: &str) {
     json_escape_simd::escape_into(s, out);
+}
+
+/// A JSON string that never needs escaping (dlqctl's own names, tags and times), copied
+/// without the escaper, whose set-up costs more than the copy on strings this short.
+fn write_plain(out: &mut Vec<u8>, s: &str) {
+    debug_assert!(!s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\'), "{s:?} needs escaping");
+    out.push(b'"');
+    out.extend_from_slice(s.as_bytes());
+    out.push(b'"');
+}
+
+fn write_int(out: &mut Vec<u8>, n: impl itoa::Integer) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+}
+
+/// An object written field by field, the separators kept; a field left out is simply not
+/// written (absent, as serde's `skip_serializing_if` would have it).
+struct Fields<'a> {
+    out: &'a mut Vec<u8>,
+    empty: bool,
+}
+
+impl<'a> Fields<'a> {
+    fn open(out: &'a mut Vec<u8>) -> Self {
+        out.push(b'{');
+        Fields { out, empty: true }
+    }
+
+    /// Writes `"name":` (one of dlqctl's own names) and returns the line for the value.
+    fn name(&mut self, name: &str) -> &mut Vec<u8> {
+        if !self.empty {
+            self.out.push(b',');
+        }
+        self.empty = false;
+        write_plain(self.out, name);
+        self.out.push(b':');
+        self.out
+    }
+
+    fn text(&mut self, name: &str, value: Option<&str>) {
+        if let Some(value) = value {
+            write_str(self.name(name), value);
+        }
+    }
+
+    fn int(&mut self, name: &str, value: Option<impl itoa::Integer>) {
+        if let Some(value) = value {
+            write_int(self.name(name), value);
+        }
+    }
+
+    fn close(self) {
+        self.out.push(b'}');
+    }
 }
 
 impl Headers {
@@ -335,7 +394,7 @@ impl<'de> Deserialize<'de> for Headers {
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Headers, A::Error> {
                 let mut out = Vec::with_capacity(map.size_hint().unwrap_or(0));
                 while let Some((k, v)) = map.next_entry::<String, Value>()? {
-                    out.push((k, v));
+                    out.push((Cow::Owned(k), v));
                 }
                 Ok(Headers(out))
             }
@@ -404,14 +463,14 @@ impl<'de> Visitor<'de> for ValueVisitor {
         }
         let first_value: Value = map.next_value()?;
         let mut rest = Vec::new();
-        while let Some(entry) = map.next_entry::<String, Value>()? {
-            rest.push(entry);
+        while let Some((k, v)) = map.next_entry::<String, Value>()? {
+            rest.push((Cow::Owned(k), v));
         }
         if rest.is_empty() && is_tag(&first_key) {
             return untag::<A::Error>(&first_key, first_value);
         }
         let mut table = Vec::with_capacity(rest.len() + 1);
-        table.push((first_key, first_value));
+        table.push((Cow::Owned(first_key), first_value));
         table.extend(rest);
         Ok(Value::Table(Headers(table)))
     }
@@ -442,21 +501,21 @@ pub fn parse_time(text: &str) -> Result<DateTime<Utc>, String> {
 }
 
 /// Why the message died, as a kind every broker maps onto, plus the broker's own words.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 pub struct Reason {
     pub kind: ReasonKind,
     /// The reason exactly as the broker or framework wrote it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub raw: Option<String>,
     /// An error code (Lambda `ErrorCode`, EventBridge `ERROR_CODE`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub code: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub exception_class: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub cause_class: Option<String>,
     /// The error or exception message.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub message: Option<String>,
 }
 
@@ -504,25 +563,61 @@ impl Reason {
     pub fn failure_class(&self) -> Option<&str> {
         self.exception_class.as_deref().or(self.code.as_deref())
     }
+
+    /// Appends this reason as JSON, absent fields left out, in the order the reader names them.
+    fn write_json(&self, out: &mut Vec<u8>) {
+        let mut fields = Fields::open(out);
+        write_plain(fields.name("kind"), self.kind.as_str());
+        fields.text("raw", self.raw.as_deref());
+        fields.text("code", self.code.as_deref());
+        fields.text("exception_class", self.exception_class.as_deref());
+        fields.text("cause_class", self.cause_class.as_deref());
+        fields.text("message", self.message.as_deref());
+        fields.close();
+    }
 }
 
 /// Where the message was headed before it died.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 pub struct Source {
     /// Queue (RabbitMQ, SQS) or topic (Kafka).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub name: Option<String>,
     /// The broker's full address for it, such as an SQS queue ARN.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub address: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub exchange: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub routing_keys: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub partition: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub offset: Option<i64>,
+}
+
+impl Source {
+    /// Appends this source as JSON, absent fields left out, in the order the reader names them.
+    fn write_json(&self, out: &mut Vec<u8>) {
+        let mut fields = Fields::open(out);
+        fields.text("name", self.name.as_deref());
+        fields.text("address", self.address.as_deref());
+        fields.text("exchange", self.exchange.as_deref());
+        if !self.routing_keys.is_empty() {
+            let out = fields.name("routing_keys");
+            out.push(b'[');
+            for (i, key) in self.routing_keys.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_str(out, key);
+            }
+            out.push(b']');
+        }
+        fields.int("partition", self.partition);
+        fields.int("offset", self.offset);
+        fields.close();
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -593,25 +688,24 @@ impl DeadLetter {
     /// serde_json writes when it reads the line and writes it again).
     pub fn write_json(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(b"{\"schema\":");
-        write_str(out, SCHEMA);
+        write_plain(out, SCHEMA);
         out.extend_from_slice(b",\"id\":");
         write_str(out, &self.id);
         if let Some(broker) = self.broker {
             out.extend_from_slice(b",\"broker\":");
-            write_str(out, broker.as_str());
+            write_plain(out, broker.as_str());
         }
         if let Some(dlq) = &self.dlq {
             out.extend_from_slice(b",\"dlq\":");
             write_str(out, dlq);
         }
-        // Two small derived structs: serde's field rules stay the only statement of them.
         out.extend_from_slice(b",\"source\":");
-        serde_json::to_writer(InlineWrites(out), &self.source).expect("a source always serializes");
+        self.source.write_json(out);
         out.extend_from_slice(b",\"reason\":");
-        serde_json::to_writer(InlineWrites(out), &self.reason).expect("a reason always serializes");
+        self.reason.write_json(out);
         if let Some(n) = self.failure_count {
             out.extend_from_slice(b",\"failure_count\":");
-            out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+            write_int(out, n);
         }
         for (key, time) in [
             (&b",\"first_failed_at\":"[..], &self.first_failed_at),
@@ -620,7 +714,7 @@ impl DeadLetter {
         ] {
             if let Some(t) = time {
                 out.extend_from_slice(key);
-                write_str(out, TimeText::new(t).as_str());
+                write_plain(out, TimeText::new(t).as_str());
             }
         }
         out.extend_from_slice(b",\"headers\":");
@@ -654,33 +748,6 @@ impl DeadLetter {
         self.write_json(scratch);
         scratch.push(b'\n');
         scratch
-    }
-}
-
-/// The line buffer as serde_json's writer for what it still writes (source, reason, floats),
-/// with one-byte writes inlined: serde_json writes every quote, colon and comma on its own,
-/// and through `Vec`'s `write_all` each was a call to memcpy (1.3% of a Kafka export's
-/// instructions now that serde_json writes only those; 3% when it wrote the whole line).
-struct InlineWrites<'a>(&'a mut Vec<u8>);
-
-impl io::Write for InlineWrites<'_> {
-    #[inline(always)]
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.write_all(buf)?;
-        Ok(buf.len())
-    }
-
-    #[inline(always)]
-    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        match buf {
-            [byte] => self.0.push(*byte),
-            _ => self.0.extend_from_slice(buf),
-        }
-        Ok(())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
     }
 }
 
@@ -859,6 +926,20 @@ mod tests {
             bodies.push(Some(body));
         }
         let text = String::from_utf8(tricky).unwrap();
+        letter.source = Source {
+            address: Some(text.clone()),
+            routing_keys: vec![text.clone(), String::new()],
+            partition: Some(i32::MIN),
+            offset: Some(i64::MAX),
+            ..letter.source
+        };
+        letter.reason = Reason {
+            code: Some(text.clone()),
+            exception_class: Some(text.clone()),
+            cause_class: Some(String::new()),
+            message: Some(text.clone()),
+            ..letter.reason
+        };
         letter.headers.push(text.clone(), text);
         let mut rng = fastrand::Rng::with_seed(7);
         for i in 0..2000 {

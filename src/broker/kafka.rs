@@ -34,7 +34,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::lint::{Inventory, QueueFacts};
-use crate::model::{BrokerKind, DeadLetter, Headers, Reason, ReasonKind, Source, Value};
+use crate::model::{BrokerKind, DeadLetter, Headers, Name, Reason, ReasonKind, Source, Value};
 use crate::target::KafkaTarget;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -297,7 +297,7 @@ impl KafkaBroker {
         let mut headers = Headers::with_capacity(hs.map_or(0, |hs| hs.count()));
         if let Some(hs) = hs {
             for h in hs.iter() {
-                headers.push(h.key, h.value.map_or(Value::Null, header_value));
+                headers.push(header_name(h.key), h.value.map_or(Value::Null, header_value));
             }
         }
         let decoded = decode_failure_headers(&headers);
@@ -498,6 +498,45 @@ pub fn decode_failure_headers(headers: &Headers) -> Decoded {
     Decoded::default()
 }
 
+/// The names Spring Kafka and Kafka Connect put on dead letters, kept once for every letter
+/// instead of copied into each.
+const FRAMEWORK_NAMES: [&str; 24] = [
+    "kafka_dlt-exception-fqcn",
+    "kafka_dlt-exception-cause-fqcn",
+    "kafka_dlt-exception-message",
+    "kafka_dlt-exception-stacktrace",
+    "kafka_dlt-key-exception-fqcn",
+    "kafka_dlt-key-exception-cause-fqcn",
+    "kafka_dlt-key-exception-message",
+    "kafka_dlt-key-exception-stacktrace",
+    "kafka_dlt-original-topic",
+    "kafka_dlt-original-partition",
+    "kafka_dlt-original-offset",
+    "kafka_dlt-original-timestamp",
+    "kafka_dlt-original-timestamp-type",
+    "kafka_dlt-original-consumer-group",
+    "__connect.errors.topic",
+    "__connect.errors.partition",
+    "__connect.errors.offset",
+    "__connect.errors.connector.name",
+    "__connect.errors.task.id",
+    "__connect.errors.stage",
+    "__connect.errors.class.name",
+    "__connect.errors.exception.class.name",
+    "__connect.errors.exception.message",
+    "__connect.errors.exception.stacktrace",
+];
+
+fn header_name(key: &str) -> Name {
+    // Every framework name has one of two prefixes: any other name costs one comparison.
+    if key.starts_with("kafka_dlt-") || key.starts_with("__connect.errors.") {
+        if let Some(known) = FRAMEWORK_NAMES.iter().find(|name| **name == key) {
+            return Name::Borrowed(known);
+        }
+    }
+    Name::Owned(key.to_owned())
+}
+
 /// Kafka header values are bytes: text when it is printable UTF-8, bytes otherwise (a
 /// big-endian partition number is valid UTF-8 but not text).
 fn header_value(bytes: &[u8]) -> Value {
@@ -512,6 +551,10 @@ fn header_value(bytes: &[u8]) -> Value {
 /// (U+0080 to U+009F) are encoded 0xC2 0x80 to 0xC2 0x9F.
 fn has_control_character(s: &str) -> bool {
     let bytes = s.as_bytes();
+    // Most values are printable ASCII: one pass without branches rules that out first.
+    if bytes.iter().fold(true, |printable, &b| printable & matches!(b, b' '..=b'~')) {
+        return false;
+    }
     bytes.iter().enumerate().any(|(i, &b)| match b {
         b'\t' | b'\n' | b'\r' => false,
         0..0x20 | 0x7f => true,

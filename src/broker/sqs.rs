@@ -270,7 +270,8 @@ impl SqsBroker {
             }
             headers.push(name.clone(), v);
         }
-        let mut extras: Headers = system.iter().map(|(k, v)| (*k, Value::String((*v).to_owned()))).collect();
+        let mut extras: Headers =
+            system.iter().map(|(k, v)| ((*k).to_owned(), Value::String((*v).to_owned()))).collect();
         if !types.is_empty() {
             extras.push(ATTRIBUTE_TYPES, types);
         }
