@@ -583,8 +583,13 @@ def fixture_kafka(namespace, letters, partitions=1, with_source=True):
                   ("kafka_dlt-original-offset", struct.pack(">q", int(seq or 0)))]
         producer.produce(topic, key=str(seq).encode(), value=body, partition=int(seq or 0) % partitions,
                          headers=[(k, v if isinstance(v, bytes) else str(v).encode()) for k, v in headers.items()] + spring)
-    if producer.flush(30):
-        raise SystemExit("fixture: Kafka produce did not finish")
+    # Tansu writes a few MB a second into SQLite, so 100,000 letters take minutes on a slow
+    # machine: wait while deliveries progress, fail only on 30 s without one.
+    pending = producer.flush(30)
+    while pending:
+        before, pending = pending, producer.flush(30)
+        if pending >= before:
+            raise SystemExit("fixture: Kafka produce stalled with %d letters undelivered" % pending)
     return "kafka://%s/%s" % (KAFKA, topic)
 
 
