@@ -210,26 +210,28 @@ mod tests {
         assert!(text.contains("--timeout"), "{text}");
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn a_read_that_stops_answering_ends_with_the_stall_named() {
         let letter = DeadLetter { id: "m-1".into(), ..DeadLetter::default() };
         let stalls = futures::stream::iter([Ok(letter)]).chain(futures::stream::pending()).boxed();
-        let mut read = EachWithin { letters: Some(stalls), limit: Duration::from_secs(5), shown: "t", timer: None };
+        let limit = Duration::from_millis(50);
+        let mut read = EachWithin { letters: Some(stalls), limit, shown: "t", timer: None };
         assert_eq!(read.next().await.unwrap().unwrap().id, "m-1");
         let e = read.next().await.unwrap().unwrap_err().to_string();
-        assert!(e.contains("t: no answer to reading the next message within 5s"), "{e}");
+        assert!(e.contains("t: no answer to reading the next message within 0.05s"), "{e}");
         assert!(read.next().await.is_none());
     }
 
-    #[tokio::test(start_paused = true)]
+    /// The limit is per letter: three letters 0.4 s apart take longer than the 1 s limit.
+    #[tokio::test]
     async fn a_slow_read_that_keeps_answering_is_not_a_stall() {
         let slow = futures::stream::iter(0..3)
             .then(|i| async move {
-                tokio::time::sleep(Duration::from_secs(4)).await;
+                tokio::time::sleep(Duration::from_millis(400)).await;
                 Ok(DeadLetter { id: i.to_string(), ..DeadLetter::default() })
             })
             .boxed();
-        let read = EachWithin { letters: Some(slow), limit: Duration::from_secs(5), shown: "t", timer: None };
+        let read = EachWithin { letters: Some(slow), limit: Duration::from_secs(1), shown: "t", timer: None };
         let ids: Vec<String> = read.map(|l| l.unwrap().id).collect().await;
         assert_eq!(ids, ["0", "1", "2"]);
     }
