@@ -529,10 +529,10 @@ const FRAMEWORK_NAMES: [&str; 24] = [
 
 fn header_name(key: &str) -> Name {
     // Every framework name has one of two prefixes: any other name costs one comparison.
-    if key.starts_with("kafka_dlt-") || key.starts_with("__connect.errors.") {
-        if let Some(known) = FRAMEWORK_NAMES.iter().find(|name| **name == key) {
-            return Name::Borrowed(known);
-        }
+    if (key.starts_with("kafka_dlt-") || key.starts_with("__connect.errors."))
+        && let Some(known) = FRAMEWORK_NAMES.iter().find(|name| **name == key)
+    {
+        return Name::Borrowed(known);
     }
     Name::Owned(key.to_owned())
 }
