@@ -100,7 +100,7 @@ fn peek_has_no_side_effects_and_says_so() {
 }
 
 #[test]
-fn summarize_reads_bodies_only_when_where_or_reason_from_looks_into_them() {
+fn summarize_reads_bodies_and_headers_only_when_where_or_reason_from_looks_into_them() {
     let Some(_) = require(TestBroker::Kafka) else { return };
     let ns = Namespace::create(TestBroker::Kafka, &letters(8));
     let total = |args: &[&str]| {
@@ -113,6 +113,14 @@ fn summarize_reads_bodies_only_when_where_or_reason_from_looks_into_them() {
     assert_eq!(total(&["--where", "body.keep=false"])["total"], 2, "a body predicate still sees the bodies");
     let by_keep = total(&["--reason-from", "body.keep", "--by", "exception"]);
     assert_eq!(counts(&by_keep, "exception"), BTreeMap::from([("false".into(), 2), ("true".into(), 6)]));
+    // Without such a predicate the headers are left in the record, not the failure they describe.
+    assert_eq!(total(&["--where", "header.seq~^[5-7]$"])["total"], 3, "a header predicate still sees the headers");
+    assert_eq!(total(&["--where", "header.partition=0"])["total"], 8, "and dlqctl's extras");
+    let by_seq = total(&["--reason-from", "header:seq", "--by", "exception"]);
+    assert_eq!(counts(&by_seq, "exception").len(), 8);
+    // The Spring headers are still decoded: every letter names the namespace's source topic.
+    let source = ns.target.rsplit('/').next().unwrap().trim_end_matches(".DLT");
+    assert_eq!(counts(&total(&["--by", "source"]), "source"), BTreeMap::from([(source.to_owned(), 8)]));
 }
 
 #[test]

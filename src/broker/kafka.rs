@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{TimeZone, Utc};
+use chrono::{DateTime, TimeZone, Utc};
 use futures::StreamExt;
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::{ClientContext, DefaultClientContext};
@@ -22,7 +22,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{BorrowedMessage, Headers as _, Message, OwnedHeaders};
+use rdkafka::message::{BorrowedMessage, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use rdkafka::{Offset, TopicPartitionList};
 use regex::Regex;
@@ -293,23 +293,14 @@ impl KafkaBroker {
     }
 
     fn normalize(&self, m: &impl Message) -> DeadLetter {
-        let hs = m.headers();
-        let mut headers = Headers::with_capacity(hs.map_or(0, |hs| hs.count()));
-        if let Some(hs) = hs {
-            for h in hs.iter() {
-                headers.push(header_name(h.key), h.value.map_or(Value::Null, header_value));
-            }
-        }
-        let decoded = decode_failure_headers(&headers);
-        let mut extras =
-            Headers::with_capacity(4).with("partition", i64::from(m.partition())).with("offset", m.offset());
         let time = m.timestamp().to_millis().and_then(|ms| Utc.timestamp_millis_opt(ms).single());
-        if let Some(t) = time {
-            extras.push("timestamp", t);
-        }
-        if let Some(key) = m.key() {
-            extras.push("key", header_value(key));
-        }
+        let (headers, extras, decoded) = if self.options.headers {
+            let headers = m.headers().map_or_else(Headers::new, letter_headers);
+            let decoded = decode_failure_headers(&headers);
+            (headers, extras(m, time), decoded)
+        } else {
+            (Headers::new(), Headers::new(), m.headers().map_or_else(Decoded::default, decode_record_headers))
+        };
         let topic = m.topic();
         // `topic-partition@offset`, without the formatting machinery (a tenth of a summarize's
         // own work when written with format!).
@@ -437,17 +428,56 @@ pub struct Decoded {
 /// Connect's `__connect.errors.*`. Partition and offset are accepted as Spring writes them
 /// (4- and 8-byte big-endian) or as text (Connect, older Spring).
 pub fn decode_failure_headers(headers: &Headers) -> Decoded {
-    let text = |name: &str| match headers.get(name) {
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(Value::Bytes(b)) => std::str::from_utf8(b).ok().map(str::to_owned),
+    decode_failure(|name| match headers.get(name) {
+        Some(Value::String(s)) => Some(Raw::Text(s)),
+        Some(Value::Bytes(b)) => Some(Raw::Bytes(b)),
         _ => None,
+    })
+}
+
+/// [`decode_failure_headers`] read straight off a record's headers, for reads that keep no
+/// headers (summarize): no header is converted or copied but the few the decoder takes.
+fn decode_record_headers(record: &impl rdkafka::message::Headers) -> Decoded {
+    // One pass: the first value under each framework name (`None` inside: a null value),
+    // as `Headers::get` finds the first.
+    let mut found = [None; FRAMEWORK_NAMES.len()];
+    for header in record.iter() {
+        if let Some(i) = framework_index(header.key) {
+            found[i].get_or_insert(header.value);
+        }
+    }
+    decode_failure(|name| framework_index(name).and_then(|i| found[i].flatten()).map(Raw::of))
+}
+
+/// A header value as the decoder sees it, borrowed from a letter's headers or a record's.
+#[derive(Clone, Copy)]
+enum Raw<'a> {
+    Text(&'a str),
+    Bytes(&'a [u8]),
+}
+
+impl<'a> Raw<'a> {
+    /// Kafka header values are bytes: text when it is printable UTF-8, bytes otherwise (a
+    /// big-endian partition number is valid UTF-8 but not text).
+    fn of(bytes: &'a [u8]) -> Self {
+        match std::str::from_utf8(bytes) {
+            Ok(s) if !has_control_character(s) => Raw::Text(s),
+            _ => Raw::Bytes(bytes),
+        }
+    }
+}
+
+fn decode_failure<'a>(get: impl Fn(&str) -> Option<Raw<'a>>) -> Decoded {
+    let text = |name: &str| match get(name)? {
+        Raw::Text(s) => Some(s.to_owned()),
+        Raw::Bytes(b) => std::str::from_utf8(b).ok().map(str::to_owned),
     };
     let number = |name: &str| -> Option<i64> {
-        match headers.get(name) {
-            Some(Value::Bytes(b)) if b.len() == 4 => Some(i64::from(i32::from_be_bytes(b[..4].try_into().ok()?))),
-            Some(Value::Bytes(b)) if b.len() == 8 => Some(i64::from_be_bytes(b[..8].try_into().ok()?)),
-            Some(Value::String(s)) => s.trim().parse().ok(),
-            _ => None,
+        match get(name)? {
+            Raw::Bytes(b) if b.len() == 4 => Some(i64::from(i32::from_be_bytes(b.try_into().ok()?))),
+            Raw::Bytes(b) if b.len() == 8 => Some(i64::from_be_bytes(b.try_into().ok()?)),
+            Raw::Text(s) => s.trim().parse().ok(),
+            Raw::Bytes(_) => None,
         }
     };
     // The value side's names, else the key side's: [class, cause class, message, shown prefix].
@@ -527,22 +557,45 @@ const FRAMEWORK_NAMES: [&str; 24] = [
     "__connect.errors.exception.stacktrace",
 ];
 
-fn header_name(key: &str) -> Name {
-    // Every framework name has one of two prefixes: any other name costs one comparison.
-    if (key.starts_with("kafka_dlt-") || key.starts_with("__connect.errors."))
-        && let Some(known) = FRAMEWORK_NAMES.iter().find(|name| **name == key)
-    {
-        return Name::Borrowed(known);
+/// A record's headers as a letter keeps them.
+fn letter_headers(record: &impl rdkafka::message::Headers) -> Headers {
+    let mut headers = Headers::with_capacity(record.count());
+    for h in record.iter() {
+        headers.push(header_name(h.key), h.value.map_or(Value::Null, header_value));
     }
-    Name::Owned(key.to_owned())
+    headers
 }
 
-/// Kafka header values are bytes: text when it is printable UTF-8, bytes otherwise (a
-/// big-endian partition number is valid UTF-8 but not text).
+/// What dlqctl adds to every record's headers: where it is, when it was written, its key.
+fn extras(m: &impl Message, time: Option<DateTime<Utc>>) -> Headers {
+    let mut extras = Headers::with_capacity(4).with("partition", i64::from(m.partition())).with("offset", m.offset());
+    if let Some(t) = time {
+        extras.push("timestamp", t);
+    }
+    if let Some(key) = m.key() {
+        extras.push("key", header_value(key));
+    }
+    extras
+}
+
+/// Where `key` is in [`FRAMEWORK_NAMES`].
+fn framework_index(key: &str) -> Option<usize> {
+    // Every framework name has one of two prefixes: any other name costs one comparison.
+    if key.starts_with("kafka_dlt-") || key.starts_with("__connect.errors.") {
+        FRAMEWORK_NAMES.iter().position(|name| *name == key)
+    } else {
+        None
+    }
+}
+
+fn header_name(key: &str) -> Name {
+    framework_index(key).map_or_else(|| Name::Owned(key.to_owned()), |i| Name::Borrowed(FRAMEWORK_NAMES[i]))
+}
+
 fn header_value(bytes: &[u8]) -> Value {
-    match std::str::from_utf8(bytes) {
-        Ok(s) if !has_control_character(s) => Value::String(s.to_owned()),
-        _ => Value::Bytes(bytes.to_vec()),
+    match Raw::of(bytes) {
+        Raw::Text(s) => Value::String(s.to_owned()),
+        Raw::Bytes(b) => Value::Bytes(b.to_vec()),
     }
 }
 
@@ -981,6 +1034,7 @@ pub fn destination_for(target: &KafkaTarget, shown: &str) -> Result<Destination>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rdkafka::message::Header;
 
     fn spring(partition: &[u8], offset: &[u8]) -> Headers {
         Headers::new()
@@ -1021,6 +1075,47 @@ mod tests {
         assert_eq!(d.reason.code.as_deref(), Some("VALUE_CONVERTER"));
         assert_eq!((d.source.partition, d.source.offset), (Some(1), Some(77)));
         assert_eq!(decode_failure_headers(&Headers::new()), Decoded::default());
+    }
+
+    #[test]
+    fn records_decode_in_place_as_their_letters_headers_do() {
+        let record = |headers: &[(&str, Option<&[u8]>)]| {
+            headers.iter().fold(OwnedHeaders::new(), |all, &(key, value)| all.insert(Header { key, value }))
+        };
+        let (partition, offset) = (7i32.to_be_bytes(), 1234i64.to_be_bytes());
+        let cases = [
+            record(&[]),
+            record(&[("seq", Some(b"1")), ("tenant", None)]),
+            record(&[
+                ("kafka_dlt-exception-fqcn", Some(b"java.lang.IllegalStateException")),
+                ("kafka_dlt-exception-cause-fqcn", Some(b"java.io.IOException")),
+                ("kafka_dlt-exception-message", Some(b"boom\n\tat line 3")),
+                ("kafka_dlt-original-topic", Some(b"orders")),
+                ("kafka_dlt-original-partition", Some(&partition)),
+                ("kafka_dlt-original-offset", Some(&offset)),
+            ]),
+            // Text numbers, a null first value (which hides the second), the key side.
+            record(&[
+                ("kafka_dlt-key-exception-fqcn", Some(b"org.example.BadKey")),
+                ("kafka_dlt-original-topic", None),
+                ("kafka_dlt-original-topic", Some(b"hidden")),
+                ("kafka_dlt-original-partition", Some(b"1234")),
+                ("kafka_dlt-original-offset", Some(b" 99 ")),
+            ]),
+            record(&[
+                ("__connect.errors.topic", Some(b"orders")),
+                ("__connect.errors.partition", Some(b"1")),
+                ("__connect.errors.offset", Some(b"77")),
+                ("__connect.errors.stage", Some(b"VALUE_CONVERTER")),
+                ("__connect.errors.exception.class.name", Some(b"org.apache.kafka.connect.errors.DataException")),
+                ("__connect.errors.exception.message", Some(&[0xff, 0x00])),
+            ]),
+        ];
+        for case in &cases {
+            assert_eq!(decode_record_headers(case), decode_failure_headers(&letter_headers(case)), "{case:?}");
+        }
+        assert_eq!(decode_record_headers(&cases[3]).source.partition, Some(1234), "text, not big-endian");
+        assert_eq!(decode_record_headers(&cases[2]).source.partition, Some(7));
     }
 
     #[test]

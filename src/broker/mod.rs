@@ -193,6 +193,10 @@ pub struct OpenOptions {
     /// Whether the verb looks at bodies. `false` lets a backend that would copy each body out
     /// of its client's buffer leave it there (letters then come without one).
     pub bodies: bool,
+    /// Whether the verb looks at headers. `false` lets a backend that would convert each header
+    /// leave them out: letters then carry what it derives from them (source, reason, times) and
+    /// no headers or extras.
+    pub headers: bool,
 }
 
 impl Default for OpenOptions {
@@ -204,6 +208,7 @@ impl Default for OpenOptions {
             from_beginning: false,
             keep_partition: false,
             bodies: true,
+            headers: true,
         }
     }
 }

@@ -52,12 +52,14 @@ impl Context {
         Ok((target, broker))
     }
 
-    /// [`Context::open`] for a verb that shows no bodies: they are still read when `--where`
-    /// or `--reason-from` look into them.
-    pub async fn open_without_bodies(&self, read: &ReadArgs) -> Result<(Target, Box<dyn Broker>)> {
+    /// [`Context::open`] for a verb that shows neither bodies nor headers (summarize): they are
+    /// still read when `--where` or `--reason-from` look into them.
+    pub async fn open_for_summary(&self, read: &ReadArgs) -> Result<(Target, Box<dyn Broker>)> {
+        let selection = Selection::parse(&read.filters)?;
         let reason_from = read.reason_from.as_deref().map(ReasonFrom::parse).transpose()?;
-        let bodies = Selection::parse(&read.filters)?.reads_bodies() || reason_from.is_some_and(|r| r.reads_bodies());
-        self.open_with(read, OpenOptions { bodies, ..OpenOptions::default() }).await
+        let bodies = selection.reads_bodies() || reason_from.as_ref().is_some_and(ReasonFrom::reads_bodies);
+        let headers = selection.reads_headers() || reason_from.as_ref().is_some_and(ReasonFrom::reads_headers);
+        self.open_with(read, OpenOptions { bodies, headers, ..OpenOptions::default() }).await
     }
 
     /// Read the DLQ without consuming it: the messages `--where` selects, at most `limit`.

@@ -71,7 +71,7 @@ impl GroupBy {
 }
 
 pub async fn run(ctx: &mut Context, args: &SummarizeArgs) -> Result<()> {
-    let (target, broker) = ctx.open_without_bodies(&args.read).await?;
+    let (target, broker) = ctx.open_for_summary(&args.read).await?;
     let now = Utc::now();
     let mut groups: HashMap<String, Group> = HashMap::new();
     let mut total = 0u64;

@@ -82,6 +82,11 @@ impl Selection {
         self.predicates.iter().any(|p| matches!(p.field, Field::Body(_)))
     }
 
+    /// Whether any predicate looks at a header (or an extra, such as Kafka's partition).
+    pub fn reads_headers(&self) -> bool {
+        self.predicates.iter().any(|p| matches!(p.field, Field::Header(_)))
+    }
+
     pub fn matches(&self, letter: &DeadLetter, now: DateTime<Utc>) -> bool {
         if self.predicates.is_empty() {
             return true;
@@ -216,6 +221,10 @@ impl ReasonFrom {
         matches!(self, ReasonFrom::Body(_))
     }
 
+    pub fn reads_headers(&self) -> bool {
+        matches!(self, ReasonFrom::Header(_))
+    }
+
     /// Record the field's value as the exception class; a letter without it is unchanged.
     pub fn apply(&self, letter: &mut DeadLetter) {
         let found = match self {
@@ -340,11 +349,18 @@ mod tests {
     }
 
     #[test]
-    fn only_body_fields_read_bodies() {
-        assert!(Selection::parse(&["reason=expired", "body.customer.id=42"]).unwrap().reads_bodies());
-        assert!(!Selection::parse(&["reason=expired", "header.body=x", "age>2h"]).unwrap().reads_bodies());
-        assert!(ReasonFrom::parse("body.error.type").unwrap().reads_bodies());
-        assert!(!ReasonFrom::parse("header:x-error").unwrap().reads_bodies());
+    fn only_body_fields_read_bodies_and_only_header_fields_headers() {
+        let body = Selection::parse(&["reason=expired", "body.customer.id=42"]).unwrap();
+        assert!(body.reads_bodies() && !body.reads_headers());
+        let header = Selection::parse(&["reason=expired", "header.body=x", "age>2h"]).unwrap();
+        assert!(!header.reads_bodies() && header.reads_headers());
+        let neither = Selection::parse(&["exception~Timeout", "source=orders", "dlq=x", "id=1", "count>1"]).unwrap();
+        assert!(!neither.reads_bodies() && !neither.reads_headers());
+        let from_body = ReasonFrom::parse("body.error.type").unwrap();
+        assert!(from_body.reads_bodies() && !from_body.reads_headers());
+        let from_header = ReasonFrom::parse("header:x-error").unwrap();
+        assert!(!from_header.reads_bodies() && from_header.reads_headers());
+        assert!(ReasonFrom::parse("attr:x-error").unwrap().reads_headers());
     }
 
     #[test]
