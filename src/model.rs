@@ -5,6 +5,7 @@
 //! changing a field.
 
 use std::borrow::Cow;
+use std::cell::Cell;
 use std::fmt;
 
 // Encoding by base64-simd (already built for the AWS SDK; a quarter of base64's instructions
@@ -196,13 +197,31 @@ pub fn format_time(t: &DateTime<Utc>) -> String {
 /// A time as RFC 3339 text, exactly as chrono's `to_rfc3339_opts(AutoSi, true)` writes it
 /// (only the sub-second digits there are, `Z` for UTC), built on the stack: chrono's
 /// formatter and the string it returned cost 4% of a Kafka export, which writes two a line.
+#[derive(Clone, Copy)]
 struct TimeText {
     bytes: [u8; 40],
     len: usize,
 }
 
+thread_local! {
+    /// The time last written and its text: a Kafka letter's record time is written twice (as
+    /// `last_failed_at` and as the `timestamp` extra), and a batch of records often shares one.
+    static LAST_TIME: Cell<Option<(DateTime<Utc>, TimeText)>> = const { Cell::new(None) };
+}
+
 impl TimeText {
     fn new(t: &DateTime<Utc>) -> Self {
+        if let Some((last, text)) = LAST_TIME.get()
+            && last == *t
+        {
+            return text;
+        }
+        let text = Self::format(t);
+        LAST_TIME.set(Some((*t, text)));
+        text
+    }
+
+    fn format(t: &DateTime<Utc>) -> Self {
         let mut text = TimeText { bytes: [0; 40], len: 0 };
         let (year, nanos) = (t.year(), t.nanosecond());
         if !(0..=9999).contains(&year) || nanos >= 1_000_000_000 {
@@ -266,21 +285,17 @@ impl Value {
     /// Appends this value's JSON.
     fn write_json(&self, out: &mut Vec<u8>) {
         match self {
-            Value::Null => out.extend_from_slice(b"null"),
+            Value::Null => ValueView::Null.write_json(out),
             Value::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
-            Value::Int(n) => write_int(out, *n),
+            Value::Int(n) => ValueView::Int(*n).write_json(out),
             // serde_json's own float text (rare in headers; its format is its own, `1e+20`).
             Value::Float(x) if x.is_finite() => {
                 serde_json::to_writer(out, x).expect("a finite float always serializes")
             }
             Value::Float(x) => tagged(out, TAG_FLOAT, |out| write_str(out, &x.to_string())),
-            Value::String(v) => write_str(out, v),
-            Value::Bytes(b) => tagged(out, TAG_BYTES, |out| {
-                out.push(b'"');
-                BASE64.encode_append(b, out);
-                out.push(b'"');
-            }),
-            Value::Timestamp(t) => tagged(out, TAG_TIMESTAMP, |out| write_plain(out, TimeText::new(t).as_str())),
+            Value::String(v) => ValueView::Text(v).write_json(out),
+            Value::Bytes(b) => ValueView::Bytes(b).write_json(out),
+            Value::Timestamp(t) => ValueView::Timestamp(*t).write_json(out),
             Value::List(items) => {
                 out.push(b'[');
                 for (i, item) in items.iter().enumerate() {
@@ -370,16 +385,87 @@ impl<'a> Fields<'a> {
 impl Headers {
     /// Appends these headers as one JSON object, in their order, repeats kept.
     pub fn write_json(&self, out: &mut Vec<u8>) {
-        out.push(b'{');
-        for (i, (name, value)) in self.0.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            write_str(out, name);
-            out.push(b':');
-            value.write_json(out);
+        write_object(out, self.iter(), Value::write_json);
+    }
+}
+
+/// `{"name":value,...}`, in order, repeats kept.
+fn write_object<'v, V: 'v>(
+    out: &mut Vec<u8>,
+    pairs: impl Iterator<Item = (&'v str, V)>,
+    write_value: impl Fn(V, &mut Vec<u8>),
+) {
+    out.push(b'{');
+    for (i, (name, value)) in pairs.enumerate() {
+        if i > 0 {
+            out.push(b',');
         }
-        out.push(b'}');
+        write_str(out, name);
+        out.push(b':');
+        write_value(value, out);
+    }
+    out.push(b'}');
+}
+
+/// A header value borrowed from where a backend read it: the kinds a Kafka record's headers
+/// and dlqctl's own additions take. Written exactly as the [`Value`] it stands for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ValueView<'a> {
+    Null,
+    Text(&'a str),
+    Bytes(&'a [u8]),
+    Int(i64),
+    Timestamp(DateTime<Utc>),
+}
+
+impl ValueView<'_> {
+    fn write_json(self, out: &mut Vec<u8>) {
+        match self {
+            ValueView::Null => out.extend_from_slice(b"null"),
+            ValueView::Text(s) => write_str(out, s),
+            ValueView::Bytes(b) => tagged(out, TAG_BYTES, |out| {
+                out.push(b'"');
+                BASE64.encode_append(b, out);
+                out.push(b'"');
+            }),
+            ValueView::Int(n) => write_int(out, n),
+            ValueView::Timestamp(t) => tagged(out, TAG_TIMESTAMP, |out| write_plain(out, TimeText::new(&t).as_str())),
+        }
+    }
+}
+
+impl From<ValueView<'_>> for Value {
+    fn from(v: ValueView<'_>) -> Self {
+        match v {
+            ValueView::Null => Value::Null,
+            ValueView::Text(s) => Value::String(s.to_owned()),
+            ValueView::Bytes(b) => Value::Bytes(b.to_vec()),
+            ValueView::Int(n) => Value::Int(n),
+            ValueView::Timestamp(t) => Value::Timestamp(t),
+        }
+    }
+}
+
+/// Headers as a [`LetterView`] holds them: a letter's own, or pairs borrowed from a record.
+#[derive(Debug, Clone, Copy)]
+pub enum HeadersView<'a> {
+    Headers(&'a Headers),
+    Pairs(&'a [(&'a str, ValueView<'a>)]),
+}
+
+impl HeadersView<'_> {
+    fn is_empty(&self) -> bool {
+        match self {
+            HeadersView::Headers(h) => h.is_empty(),
+            HeadersView::Pairs(p) => p.is_empty(),
+        }
+    }
+
+    fn write_json(&self, out: &mut Vec<u8>) {
+        match self {
+            HeadersView::Headers(h) => h.write_json(out),
+            HeadersView::Pairs(p) => write_object(out, p.iter().map(|(k, v)| (*k, *v)), ValueView::write_json),
+        }
     }
 }
 
@@ -681,7 +767,65 @@ enum BodyEncoding {
 }
 
 impl DeadLetter {
-    /// Appends this letter as one JSON object: the archive's line. Written by hand, not by
+    /// Appends this letter as one JSON object: the archive's line (see [`LetterView::write_json`]).
+    pub fn write_json(&self, out: &mut Vec<u8>) {
+        self.view().write_json(out);
+    }
+
+    /// This letter as a view, the one shape the line writer reads.
+    pub fn view(&self) -> LetterView<'_> {
+        LetterView {
+            id: &self.id,
+            broker: self.broker,
+            dlq: self.dlq.as_deref(),
+            source: &self.source,
+            reason: &self.reason,
+            failure_count: self.failure_count,
+            first_failed_at: self.first_failed_at,
+            last_failed_at: self.last_failed_at,
+            enqueued_at: self.enqueued_at,
+            headers: HeadersView::Headers(&self.headers),
+            extras: HeadersView::Headers(&self.extras),
+            body: self.body.as_deref(),
+        }
+    }
+
+    /// The letter as one JSONL line (see [`LetterView::json_line`]).
+    pub fn json_line<'a>(&self, scratch: &'a mut Vec<u8>) -> &'a [u8] {
+        self.view().json_line(scratch)
+    }
+}
+
+/// A dead letter whose parts are borrowed: from a [`DeadLetter`], or straight from a client
+/// library's buffers (a Kafka record), so that a verb that only writes letters out (export)
+/// need not copy each one first.
+#[derive(Debug, Clone, Copy)]
+pub struct LetterView<'a> {
+    pub id: &'a str,
+    pub broker: Option<BrokerKind>,
+    pub dlq: Option<&'a str>,
+    pub source: &'a Source,
+    pub reason: &'a Reason,
+    pub failure_count: Option<u64>,
+    pub first_failed_at: Option<DateTime<Utc>>,
+    pub last_failed_at: Option<DateTime<Utc>>,
+    pub enqueued_at: Option<DateTime<Utc>>,
+    pub headers: HeadersView<'a>,
+    pub extras: HeadersView<'a>,
+    pub body: Option<&'a [u8]>,
+}
+
+impl LetterView<'_> {
+    /// [`LetterView::write_json`] as one JSONL line, built in `scratch` (kept between calls
+    /// so that a stream of letters allocates nothing per line) and returned for writing.
+    pub fn json_line<'a>(&self, scratch: &'a mut Vec<u8>) -> &'a [u8] {
+        scratch.clear();
+        self.write_json(scratch);
+        scratch.push(b'\n');
+        scratch
+    }
+
+    /// Appends the letter as one JSON object: the archive's line. Written by hand, not by
     /// serde_json, which spent 150 instructions on each of a line's forty-odd short strings and
     /// escaped a body a byte at a time. Every string a broker gave goes through a SIMD escaper
     /// (dlqctl's own names, tags and times need none) and the output is serde_json's own (a
@@ -691,12 +835,12 @@ impl DeadLetter {
         out.extend_from_slice(b"{\"schema\":");
         write_plain(out, SCHEMA);
         out.extend_from_slice(b",\"id\":");
-        write_str(out, &self.id);
+        write_str(out, self.id);
         if let Some(broker) = self.broker {
             out.extend_from_slice(b",\"broker\":");
             write_plain(out, broker.as_str());
         }
-        if let Some(dlq) = &self.dlq {
+        if let Some(dlq) = self.dlq {
             out.extend_from_slice(b",\"dlq\":");
             write_str(out, dlq);
         }
@@ -709,13 +853,13 @@ impl DeadLetter {
             write_int(out, n);
         }
         for (key, time) in [
-            (&b",\"first_failed_at\":"[..], &self.first_failed_at),
-            (b",\"last_failed_at\":", &self.last_failed_at),
-            (b",\"enqueued_at\":", &self.enqueued_at),
+            (&b",\"first_failed_at\":"[..], self.first_failed_at),
+            (b",\"last_failed_at\":", self.last_failed_at),
+            (b",\"enqueued_at\":", self.enqueued_at),
         ] {
             if let Some(t) = time {
                 out.extend_from_slice(key);
-                write_plain(out, TimeText::new(t).as_str());
+                write_plain(out, TimeText::new(&t).as_str());
             }
         }
         out.extend_from_slice(b",\"headers\":");
@@ -726,7 +870,7 @@ impl DeadLetter {
         }
         out.extend_from_slice(b",\"body\":");
         // The UTF-8 check by SIMD too: std's took twice the instructions on kilobyte bodies.
-        match self.body.as_deref().map(|body| simdutf8::basic::from_utf8(body).map_err(|_| body)) {
+        match self.body.map(|body| simdutf8::basic::from_utf8(body).map_err(|_| body)) {
             None => out.extend_from_slice(b"null"),
             Some(Ok(text)) => {
                 write_str(out, text);
@@ -740,15 +884,6 @@ impl DeadLetter {
             }
         }
         out.push(b'}');
-    }
-
-    /// [`DeadLetter::write_json`] as one JSONL line, built in `scratch` (kept between calls
-    /// so that a stream of letters allocates nothing per line) and returned for writing.
-    pub fn json_line<'a>(&self, scratch: &'a mut Vec<u8>) -> &'a [u8] {
-        scratch.clear();
-        self.write_json(scratch);
-        scratch.push(b'\n');
-        scratch
     }
 }
 
@@ -1012,8 +1147,11 @@ mod tests {
             let nanos = [0, rng.u32(0..1000) * 1_000_000, rng.u32(0..1_000_000) * 1000, rng.u32(0..1_000_000_000)];
             times.push(DateTime::from_timestamp(secs, nanos[rng.usize(0..4)]).unwrap());
         }
-        for time in times {
-            assert_eq!(TimeText::new(&time).as_str(), time.to_rfc3339_opts(SecondsFormat::AutoSi, true));
+        // Each time twice, then the one before again: the last time's text is kept for reuse.
+        for (i, time) in times.iter().enumerate() {
+            for time in [time, time, &times[i.saturating_sub(1)]] {
+                assert_eq!(TimeText::new(time).as_str(), time.to_rfc3339_opts(SecondsFormat::AutoSi, true));
+            }
         }
     }
 

@@ -7,7 +7,7 @@ use comfy_table::{Attribute, Cell, Color, ContentArrangement, Table, presets};
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::model::DeadLetter;
+use crate::model::LetterView;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -68,7 +68,7 @@ impl Output {
     }
 
     /// One dead letter as a JSONL line.
-    pub fn letter_line(&mut self, letter: &DeadLetter) -> Result<()> {
+    pub fn letter_line(&mut self, letter: &LetterView<'_>) -> Result<()> {
         self.out.write_all(letter.json_line(&mut self.line))?;
         Ok(())
     }

@@ -6,8 +6,9 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::{Stream, StreamExt};
@@ -16,10 +17,10 @@ use tokio::time::error::Elapsed;
 
 use super::{
     Broker, Capabilities, Description, Destination, Failure, Handle, LetterStream, MoveTask, PublishError, Received,
-    Sink,
+    Sink, Visit,
 };
 use crate::error::{Error, Result};
-use crate::model::DeadLetter;
+use crate::model::{DeadLetter, LetterView};
 
 /// A backend (`Bounded<dyn Broker>`) or a `--to` sink (`Bounded<dyn Sink>`) whose every call
 /// to the broker must answer within `limit`.
@@ -118,6 +119,36 @@ impl Broker for Bounded<dyn Broker> {
     async fn peek(&self, limit: Option<u64>) -> Result<LetterStream<'_>> {
         let letters = self.within("starting a read", self.inner.peek(limit)).await?;
         Ok(EachWithin { letters: Some(letters), limit: self.limit, shown: &self.shown, timer: None }.boxed())
+    }
+
+    /// As `peek`: each message must arrive within the limit. The read is pushed, not pulled,
+    /// so a watchdog beside it checks the time since the last message was handed on.
+    async fn peek_each(&self, limit: Option<u64>, visit: &mut Visit<'_>) -> Result<()> {
+        let started = Instant::now();
+        // When the visitor last returned, in nanoseconds since `started`: the time a message
+        // took to be written out is not the broker's.
+        let answered = AtomicU64::new(0);
+        let mut marking = |letter: &LetterView<'_>| {
+            let visited = visit(letter);
+            answered.store(started.elapsed().as_nanos().try_into().unwrap_or(u64::MAX), Ordering::Relaxed);
+            visited
+        };
+        let read = self.inner.peek_each(limit, &mut marking);
+        let watchdog = async {
+            loop {
+                let last = answered.load(Ordering::Relaxed);
+                let waited = started.elapsed().saturating_sub(Duration::from_nanos(last));
+                if waited >= self.limit {
+                    let what = if last == 0 { "starting a read" } else { "reading the next message" };
+                    return stalled(self.limit, &self.shown, what);
+                }
+                tokio::time::sleep(self.limit - waited).await;
+            }
+        };
+        tokio::select! {
+            done = read => done,
+            stall = watchdog => Err(stall),
+        }
     }
 
     async fn receive(&self, max: usize) -> Result<Vec<Received>> {
@@ -234,6 +265,69 @@ mod tests {
         let read = EachWithin { letters: Some(slow), limit: Duration::from_secs(1), shown: "t", timer: None };
         let ids: Vec<String> = read.map(|l| l.unwrap().id).collect().await;
         assert_eq!(ids, ["0", "1", "2"]);
+    }
+
+    /// A backend whose `peek_each` hands on letters at the given pauses, then stalls for good.
+    struct Paced(Vec<Duration>);
+
+    #[async_trait]
+    impl Broker for Paced {
+        fn backend(&self) -> &'static str {
+            "paced"
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities { peek: true, peek_cost: None, consume: false, server_move: false }
+        }
+        async fn describe(&self) -> Result<Description> {
+            Err(self.not_supported("describe"))
+        }
+        async fn list(&self) -> Result<Vec<Description>> {
+            Err(self.not_supported("list"))
+        }
+        async fn peek(&self, _limit: Option<u64>) -> Result<LetterStream<'_>> {
+            Err(self.not_supported("peek"))
+        }
+        async fn peek_each(&self, _limit: Option<u64>, visit: &mut Visit<'_>) -> Result<()> {
+            for (i, pause) in self.0.iter().enumerate() {
+                tokio::time::sleep(*pause).await;
+                visit(&DeadLetter { id: i.to_string(), ..DeadLetter::default() }.view())?;
+            }
+            std::future::pending().await
+        }
+    }
+
+    async fn ids_seen(pauses: &[u64], limit: Duration, visit_takes: Duration) -> (Vec<String>, Result<()>) {
+        let paced = Paced(pauses.iter().map(|ms| Duration::from_millis(*ms)).collect());
+        let bounded = Bounded::<dyn Broker>::new(Box::new(paced), limit, "t".into());
+        let mut ids = Vec::new();
+        let outcome = bounded
+            .peek_each(None, &mut |letter| {
+                ids.push(letter.id.to_owned());
+                std::thread::sleep(visit_takes);
+                Ok(())
+            })
+            .await;
+        (ids, outcome)
+    }
+
+    #[tokio::test]
+    async fn a_pushed_read_that_stops_answering_ends_with_the_stall_named() {
+        let (ids, outcome) = ids_seen(&[0, 0], Duration::from_millis(50), Duration::ZERO).await;
+        assert_eq!(ids, ["0", "1"]);
+        let e = outcome.unwrap_err().to_string();
+        assert!(e.contains("t: no answer to reading the next message within 0.05s"), "{e}");
+        let (ids, outcome) = ids_seen(&[100], Duration::from_millis(50), Duration::ZERO).await;
+        assert!(ids.is_empty());
+        assert!(outcome.unwrap_err().to_string().contains("no answer to starting a read"));
+    }
+
+    /// The limit is per letter, and the time spent writing a letter out is not the broker's:
+    /// three letters 0.4 s apart, each taking 0.7 s to write, under a 1 s limit.
+    #[tokio::test]
+    async fn a_slow_pushed_read_that_keeps_answering_is_not_a_stall() {
+        let (ids, outcome) = ids_seen(&[400, 400, 400], Duration::from_secs(1), Duration::from_millis(700)).await;
+        assert_eq!(ids, ["0", "1", "2"]);
+        assert!(outcome.unwrap_err().to_string().contains("no answer to reading the next message within 1s"));
     }
 
     #[tokio::test]

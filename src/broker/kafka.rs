@@ -30,11 +30,13 @@ use regex::Regex;
 use super::bounded::ready_or_timeout;
 use super::{
     Broker, Capabilities, Description, Destination, Failure, Handle, LetterStream, OpenOptions, PublishError, Received,
-    Route, Sink, Tokens,
+    Route, Sink, Tokens, Visit,
 };
 use crate::error::{Error, Result};
 use crate::lint::{Inventory, QueueFacts};
-use crate::model::{BrokerKind, DeadLetter, Headers, Name, Reason, ReasonKind, Source, Value};
+use crate::model::{
+    BrokerKind, DeadLetter, HeadersView, LetterView, Name, Reason, ReasonKind, Source, Value, ValueView,
+};
 use crate::target::KafkaTarget;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -292,33 +294,39 @@ impl KafkaBroker {
         settled
     }
 
-    fn normalize(&self, m: &impl Message) -> DeadLetter {
+    /// A record as a dead letter, still in librdkafka's buffers.
+    fn record_letter<'a>(&self, m: &'a impl Message) -> RecordLetter<'a> {
         let time = m.timestamp().to_millis().and_then(|ms| Utc.timestamp_millis_opt(ms).single());
-        let (headers, extras, decoded) = if self.options.headers {
-            let headers = m.headers().map_or_else(Headers::new, letter_headers);
-            let decoded = decode_failure_headers(&headers);
-            (headers, extras(m, time), decoded)
-        } else {
-            (Headers::new(), Headers::new(), m.headers().map_or_else(Decoded::default, decode_record_headers))
+        let (headers, extras, decoded) = match m.headers() {
+            Some(record) if self.options.headers => {
+                let (headers, decoded) = letter_headers(record);
+                (headers, extras(m, time), decoded)
+            }
+            Some(record) => (Vec::new(), Vec::new(), decode_record_headers(record)),
+            None if self.options.headers => (Vec::new(), extras(m, time), Decoded::default()),
+            None => (Vec::new(), Vec::new(), Decoded::default()),
         };
         let topic = m.topic();
         // `topic-partition@offset`, without the formatting machinery (a tenth of a summarize's
         // own work when written with format!).
         let (mut partition, mut offset) = (itoa::Buffer::new(), itoa::Buffer::new());
-        DeadLetter {
+        RecordLetter {
             id: [topic, "-", partition.format(m.partition()), "@", offset.format(m.offset())].concat(),
-            broker: Some(BrokerKind::Kafka),
-            dlq: Some(topic.to_owned()),
-            source: decoded.source,
-            reason: decoded.reason,
-            failure_count: None,
-            first_failed_at: None,
-            last_failed_at: time,
-            enqueued_at: None,
+            topic,
+            decoded,
+            time,
             headers,
             extras,
-            body: if self.options.bodies { m.payload().map(<[u8]>::to_vec) } else { None },
+            body: if self.options.bodies { m.payload() } else { None },
         }
+    }
+
+    fn normalize(&self, m: &impl Message) -> DeadLetter {
+        self.record_letter(m).into_letter()
+    }
+
+    fn read_error(&self, e: KafkaError) -> Error {
+        Error::Runtime(format!("reading {}: {e}", self.shown))
     }
 
     async fn producer(&self) -> std::result::Result<&FutureProducer, PublishError> {
@@ -424,29 +432,34 @@ pub struct Decoded {
     pub source: Source,
 }
 
-/// Decode Spring Kafka's `kafka_dlt-*` headers (value side, else key side) or Kafka
-/// Connect's `__connect.errors.*`. Partition and offset are accepted as Spring writes them
-/// (4- and 8-byte big-endian) or as text (Connect, older Spring).
-pub fn decode_failure_headers(headers: &Headers) -> Decoded {
-    decode_failure(|name| match headers.get(name) {
-        Some(Value::String(s)) => Some(Raw::Text(s)),
-        Some(Value::Bytes(b)) => Some(Raw::Bytes(b)),
-        _ => None,
-    })
+/// The first value under each framework name, by its place in [`FRAMEWORK_NAMES`] (`None`
+/// inside: a null value), as [`Headers::get`] finds the first.
+type Firsts<T> = [Option<Option<T>>; FRAMEWORK_NAMES.len()];
+
+/// A record's headers as a letter shows them, and the failure they describe, in one pass.
+fn letter_headers<'a>(record: &'a impl rdkafka::message::Headers) -> (Vec<(&'a str, ValueView<'a>)>, Decoded) {
+    let mut headers = Vec::with_capacity(record.count());
+    let mut firsts: Firsts<Raw> = [None; FRAMEWORK_NAMES.len()];
+    for h in record.iter() {
+        let value = h.value.map(Raw::of);
+        if let Some(i) = framework_index(h.key) {
+            firsts[i].get_or_insert(value);
+        }
+        headers.push((h.key, value.map_or(ValueView::Null, Raw::view)));
+    }
+    (headers, decode_failure(|name| firsts[framework_index(name)?].flatten()))
 }
 
-/// [`decode_failure_headers`] read straight off a record's headers, for reads that keep no
-/// headers (summarize): no header is converted or copied but the few the decoder takes.
+/// The failure a record's headers describe, read straight off them for reads that keep no
+/// headers (summarize): none is converted or copied but the few the decoder takes.
 fn decode_record_headers(record: &impl rdkafka::message::Headers) -> Decoded {
-    // One pass: the first value under each framework name (`None` inside: a null value),
-    // as `Headers::get` finds the first.
-    let mut found = [None; FRAMEWORK_NAMES.len()];
-    for header in record.iter() {
-        if let Some(i) = framework_index(header.key) {
-            found[i].get_or_insert(header.value);
+    let mut firsts: Firsts<&[u8]> = [None; FRAMEWORK_NAMES.len()];
+    for h in record.iter() {
+        if let Some(i) = framework_index(h.key) {
+            firsts[i].get_or_insert(h.value);
         }
     }
-    decode_failure(|name| framework_index(name).and_then(|i| found[i].flatten()).map(Raw::of))
+    decode_failure(|name| firsts[framework_index(name)?].flatten().map(Raw::of))
 }
 
 /// A header value as the decoder sees it, borrowed from a letter's headers or a record's.
@@ -465,8 +478,68 @@ impl<'a> Raw<'a> {
             _ => Raw::Bytes(bytes),
         }
     }
+
+    fn view(self) -> ValueView<'a> {
+        match self {
+            Raw::Text(s) => ValueView::Text(s),
+            Raw::Bytes(b) => ValueView::Bytes(b),
+        }
+    }
 }
 
+/// A record as a dead letter, its headers and body still in librdkafka's buffers: `peek_each`
+/// shows it as it is, `normalize` copies it into a letter.
+struct RecordLetter<'a> {
+    id: String,
+    topic: &'a str,
+    decoded: Decoded,
+    time: Option<DateTime<Utc>>,
+    /// Both empty when the read keeps no headers (summarize).
+    headers: Vec<(&'a str, ValueView<'a>)>,
+    extras: Vec<(&'static str, ValueView<'a>)>,
+    body: Option<&'a [u8]>,
+}
+
+impl RecordLetter<'_> {
+    fn view(&self) -> LetterView<'_> {
+        LetterView {
+            id: &self.id,
+            broker: Some(BrokerKind::Kafka),
+            dlq: Some(self.topic),
+            source: &self.decoded.source,
+            reason: &self.decoded.reason,
+            failure_count: None,
+            first_failed_at: None,
+            last_failed_at: self.time,
+            enqueued_at: None,
+            headers: HeadersView::Pairs(&self.headers),
+            extras: HeadersView::Pairs(&self.extras),
+            body: self.body,
+        }
+    }
+
+    fn into_letter(self) -> DeadLetter {
+        DeadLetter {
+            id: self.id,
+            broker: Some(BrokerKind::Kafka),
+            dlq: Some(self.topic.to_owned()),
+            source: self.decoded.source,
+            reason: self.decoded.reason,
+            failure_count: None,
+            first_failed_at: None,
+            last_failed_at: self.time,
+            enqueued_at: None,
+            headers: self.headers.into_iter().map(|(name, value)| (header_name(name), Value::from(value))).collect(),
+            extras: self.extras.into_iter().map(|(name, value)| (name, Value::from(value))).collect(),
+            body: self.body.map(<[u8]>::to_vec),
+        }
+    }
+}
+
+/// Decode Spring Kafka's `kafka_dlt-*` headers (value side, else key side) or Kafka
+/// Connect's `__connect.errors.*`, each asked for by name through `get`. Partition and offset
+/// are accepted as Spring writes them (4- and 8-byte big-endian) or as text (Connect, older
+/// Spring).
 fn decode_failure<'a>(get: impl Fn(&str) -> Option<Raw<'a>>) -> Decoded {
     let text = |name: &str| match get(name)? {
         Raw::Text(s) => Some(s.to_owned()),
@@ -557,25 +630,18 @@ const FRAMEWORK_NAMES: [&str; 24] = [
     "__connect.errors.exception.stacktrace",
 ];
 
-/// A record's headers as a letter keeps them.
-fn letter_headers(record: &impl rdkafka::message::Headers) -> Headers {
-    let mut headers = Headers::with_capacity(record.count());
-    for h in record.iter() {
-        headers.push(header_name(h.key), h.value.map_or(Value::Null, header_value));
-    }
-    headers
+/// What dlqctl adds to every record's headers: where it is, when it was written, its key.
+fn extras(m: &impl Message, time: Option<DateTime<Utc>>) -> Vec<(&'static str, ValueView<'_>)> {
+    let mut extras = Vec::with_capacity(4);
+    extras.extend([("partition", ValueView::Int(i64::from(m.partition()))), ("offset", ValueView::Int(m.offset()))]);
+    extras.extend(time.map(|t| ("timestamp", ValueView::Timestamp(t))));
+    extras.extend(m.key().map(|key| ("key", Raw::of(key).view())));
+    extras
 }
 
-/// What dlqctl adds to every record's headers: where it is, when it was written, its key.
-fn extras(m: &impl Message, time: Option<DateTime<Utc>>) -> Headers {
-    let mut extras = Headers::with_capacity(4).with("partition", i64::from(m.partition())).with("offset", m.offset());
-    if let Some(t) = time {
-        extras.push("timestamp", t);
-    }
-    if let Some(key) = m.key() {
-        extras.push("key", header_value(key));
-    }
-    extras
+/// A header's name as a letter keeps it: the framework's own names shared, not copied.
+fn header_name(key: &str) -> Name {
+    framework_index(key).map_or_else(|| Name::Owned(key.to_owned()), |i| Name::Borrowed(FRAMEWORK_NAMES[i]))
 }
 
 /// Where `key` is in [`FRAMEWORK_NAMES`].
@@ -585,17 +651,6 @@ fn framework_index(key: &str) -> Option<usize> {
         FRAMEWORK_NAMES.iter().position(|name| *name == key)
     } else {
         None
-    }
-}
-
-fn header_name(key: &str) -> Name {
-    framework_index(key).map_or_else(|| Name::Owned(key.to_owned()), |i| Name::Borrowed(FRAMEWORK_NAMES[i]))
-}
-
-fn header_value(bytes: &[u8]) -> Value {
-    match Raw::of(bytes) {
-        Raw::Text(s) => Value::String(s.to_owned()),
-        Raw::Bytes(b) => Value::Bytes(b.to_vec()),
     }
 }
 
@@ -707,11 +762,27 @@ impl Broker for KafkaBroker {
                 *self.stopped_short.lock().expect("not poisoned") = reader.short_of_the_end();
                 return None;
             };
-            let item = next.map_err(|e| Error::Runtime(format!("reading {}: {e}", self.shown)));
+            let item = next.map_err(|e| self.read_error(e));
             self.read.fetch_add(1, Ordering::Relaxed);
             Some((item, (reader, remaining - 1)))
         })
         .boxed())
+    }
+
+    /// Each record shown where librdkafka holds it: no body or header is copied.
+    async fn peek_each(&self, limit: Option<u64>, visit: &mut Visit<'_>) -> Result<()> {
+        let topic = self.topic()?.to_owned();
+        let mut reader = self.reader(&topic, true).await?;
+        self.read.store(0, Ordering::Relaxed);
+        for _ in 0..limit.unwrap_or(u64::MAX) {
+            let Some(next) = reader.next(|m| visit(&self.record_letter(m).view())).await else {
+                *self.stopped_short.lock().expect("not poisoned") = reader.short_of_the_end();
+                break;
+            };
+            next.map_err(|e| self.read_error(e))??;
+            self.read.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     async fn receive(&self, max: usize) -> Result<Vec<Received>> {
@@ -1036,19 +1107,29 @@ mod tests {
     use super::*;
     use rdkafka::message::Header;
 
-    fn spring(partition: &[u8], offset: &[u8]) -> Headers {
-        Headers::new()
-            .with("kafka_dlt-exception-fqcn", "org.springframework.kafka.listener.ListenerExecutionFailedException")
-            .with("kafka_dlt-exception-cause-fqcn", "java.lang.IllegalStateException")
-            .with("kafka_dlt-exception-message", "boom")
-            .with("kafka_dlt-original-topic", "orders")
-            .with("kafka_dlt-original-partition", partition.to_vec())
-            .with("kafka_dlt-original-offset", offset.to_vec())
+    fn record(headers: &[(&str, Option<&[u8]>)]) -> OwnedHeaders {
+        headers.iter().fold(OwnedHeaders::new(), |all, &(key, value)| all.insert(Header { key, value }))
+    }
+
+    /// What a record's headers decode to, held the same whether the letter keeps its headers
+    /// (export) or not (summarize).
+    fn decoded(headers: &[(&str, Option<&[u8]>)]) -> Decoded {
+        let record = record(headers);
+        let in_place = decode_record_headers(&record);
+        assert_eq!(letter_headers(&record).1, in_place, "{headers:?}");
+        in_place
     }
 
     #[test]
     fn spring_headers_with_binary_partition_and_offset() {
-        let d = decode_failure_headers(&spring(&2i32.to_be_bytes(), &1234i64.to_be_bytes()));
+        let d = decoded(&[
+            ("kafka_dlt-exception-fqcn", Some(b"org.springframework.kafka.listener.ListenerExecutionFailedException")),
+            ("kafka_dlt-exception-cause-fqcn", Some(b"java.lang.IllegalStateException")),
+            ("kafka_dlt-exception-message", Some(b"boom")),
+            ("kafka_dlt-original-topic", Some(b"orders")),
+            ("kafka_dlt-original-partition", Some(&2i32.to_be_bytes())),
+            ("kafka_dlt-original-offset", Some(&1234i64.to_be_bytes())),
+        ]);
         assert_eq!(d.reason.kind, ReasonKind::Exception);
         assert_eq!(d.reason.cause_class.as_deref(), Some("java.lang.IllegalStateException"));
         assert_eq!(d.reason.message.as_deref(), Some("boom"));
@@ -1060,62 +1141,60 @@ mod tests {
 
     #[test]
     fn key_side_exceptions_and_connect_headers() {
-        let key = Headers::new()
-            .with("kafka_dlt-key-exception-fqcn", "org.apache.kafka.common.errors.SerializationException");
-        let d = decode_failure_headers(&key);
+        let d = decoded(&[(
+            "kafka_dlt-key-exception-fqcn",
+            Some(b"org.apache.kafka.common.errors.SerializationException"),
+        )]);
         assert_eq!(d.reason.raw.as_deref(), Some("key: org.apache.kafka.common.errors.SerializationException"));
-        let connect = Headers::new()
-            .with("__connect.errors.topic", "orders")
-            .with("__connect.errors.partition", "1")
-            .with("__connect.errors.offset", "77")
-            .with("__connect.errors.stage", "VALUE_CONVERTER")
-            .with("__connect.errors.exception.class.name", "org.apache.kafka.connect.errors.DataException");
-        let d = decode_failure_headers(&connect);
+        let d = decoded(&[
+            ("__connect.errors.topic", Some(b"orders")),
+            ("__connect.errors.partition", Some(b"1")),
+            ("__connect.errors.offset", Some(b"77")),
+            ("__connect.errors.stage", Some(b"VALUE_CONVERTER")),
+            ("__connect.errors.exception.class.name", Some(b"org.apache.kafka.connect.errors.DataException")),
+            ("__connect.errors.exception.message", Some(&[0xff, 0x00])),
+        ]);
         assert_eq!(d.reason.exception_class.as_deref(), Some("org.apache.kafka.connect.errors.DataException"));
         assert_eq!(d.reason.code.as_deref(), Some("VALUE_CONVERTER"));
+        assert_eq!(d.reason.message, None, "not text");
         assert_eq!((d.source.partition, d.source.offset), (Some(1), Some(77)));
-        assert_eq!(decode_failure_headers(&Headers::new()), Decoded::default());
+        assert_eq!(decoded(&[]), Decoded::default());
+        assert_eq!(decoded(&[("seq", Some(b"1")), ("tenant", None)]), Decoded::default());
     }
 
     #[test]
-    fn records_decode_in_place_as_their_letters_headers_do() {
-        let record = |headers: &[(&str, Option<&[u8]>)]| {
-            headers.iter().fold(OwnedHeaders::new(), |all, &(key, value)| all.insert(Header { key, value }))
-        };
-        let (partition, offset) = (7i32.to_be_bytes(), 1234i64.to_be_bytes());
-        let cases = [
-            record(&[]),
-            record(&[("seq", Some(b"1")), ("tenant", None)]),
-            record(&[
-                ("kafka_dlt-exception-fqcn", Some(b"java.lang.IllegalStateException")),
-                ("kafka_dlt-exception-cause-fqcn", Some(b"java.io.IOException")),
-                ("kafka_dlt-exception-message", Some(b"boom\n\tat line 3")),
-                ("kafka_dlt-original-topic", Some(b"orders")),
-                ("kafka_dlt-original-partition", Some(&partition)),
-                ("kafka_dlt-original-offset", Some(&offset)),
-            ]),
-            // Text numbers, a null first value (which hides the second), the key side.
-            record(&[
-                ("kafka_dlt-key-exception-fqcn", Some(b"org.example.BadKey")),
-                ("kafka_dlt-original-topic", None),
-                ("kafka_dlt-original-topic", Some(b"hidden")),
-                ("kafka_dlt-original-partition", Some(b"1234")),
-                ("kafka_dlt-original-offset", Some(b" 99 ")),
-            ]),
-            record(&[
-                ("__connect.errors.topic", Some(b"orders")),
-                ("__connect.errors.partition", Some(b"1")),
-                ("__connect.errors.offset", Some(b"77")),
-                ("__connect.errors.stage", Some(b"VALUE_CONVERTER")),
-                ("__connect.errors.exception.class.name", Some(b"org.apache.kafka.connect.errors.DataException")),
-                ("__connect.errors.exception.message", Some(&[0xff, 0x00])),
-            ]),
-        ];
-        for case in &cases {
-            assert_eq!(decode_record_headers(case), decode_failure_headers(&letter_headers(case)), "{case:?}");
-        }
-        assert_eq!(decode_record_headers(&cases[3]).source.partition, Some(1234), "text, not big-endian");
-        assert_eq!(decode_record_headers(&cases[2]).source.partition, Some(7));
+    fn the_first_value_under_a_name_decides_and_numbers_may_be_text() {
+        let d = decoded(&[
+            ("kafka_dlt-exception-fqcn", Some(b"java.lang.IllegalStateException")),
+            ("kafka_dlt-exception-message", Some(b"boom\n\tat line 3")),
+            ("kafka_dlt-original-topic", None),
+            ("kafka_dlt-original-topic", Some(b"hidden")),
+            ("kafka_dlt-original-partition", Some(b"1234")),
+            ("kafka_dlt-original-offset", Some(b" 99 ")),
+        ]);
+        assert_eq!(d.reason.message.as_deref(), Some("boom\n\tat line 3"));
+        assert_eq!(d.source.name, None, "a null first value hides the second");
+        assert_eq!((d.source.partition, d.source.offset), (Some(1234), Some(99)), "text, not big-endian");
+    }
+
+    #[test]
+    fn a_letter_keeps_every_header_in_order() {
+        let record = record(&[
+            ("seq", Some(b"1")),
+            ("tenant", None),
+            ("kafka_dlt-original-partition", Some(&7i32.to_be_bytes())),
+            ("seq", Some(b"2")),
+        ]);
+        let (headers, _) = letter_headers(&record);
+        assert_eq!(
+            headers,
+            [
+                ("seq", ValueView::Text("1")),
+                ("tenant", ValueView::Null),
+                ("kafka_dlt-original-partition", ValueView::Bytes(&[0, 0, 0, 7])),
+                ("seq", ValueView::Text("2")),
+            ]
+        );
     }
 
     #[test]
@@ -1131,8 +1210,8 @@ mod tests {
 
     #[test]
     fn header_values_are_text_only_when_printable() {
-        assert_eq!(header_value(b"orders"), Value::String("orders".into()));
-        assert_eq!(header_value(&[0, 0, 0, 2]), Value::Bytes(vec![0, 0, 0, 2]));
+        assert_eq!(Raw::of(b"orders").view(), ValueView::Text("orders"));
+        assert_eq!(Raw::of(&[0, 0, 0, 2]).view(), ValueView::Bytes(&[0, 0, 0, 2]));
         assert_eq!(value_bytes(&Value::Bytes(vec![0, 0, 0, 2])), vec![0, 0, 0, 2]);
     }
 

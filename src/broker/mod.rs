@@ -5,11 +5,12 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::TryStreamExt;
 use futures::stream::BoxStream;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::model::DeadLetter;
+use crate::model::{DeadLetter, LetterView};
 use crate::target::{ArchiveTarget, Target};
 
 pub mod archive;
@@ -19,6 +20,9 @@ pub mod rabbitmq;
 pub mod sqs;
 
 pub type LetterStream<'a> = BoxStream<'a, Result<DeadLetter>>;
+
+/// What [`Broker::peek_each`] hands each dead letter to; its error ends the read.
+pub type Visit<'a> = dyn FnMut(&LetterView<'_>) -> Result<()> + Send + 'a;
 
 /// What a backend can do, so callers ask instead of discovering a no-op.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -227,6 +231,17 @@ pub trait Broker: Send + Sync {
 
     /// Read up to `limit` dead letters (all of them with `None`) without removing any.
     async fn peek(&self, limit: Option<u64>) -> Result<LetterStream<'_>>;
+
+    /// [`Broker::peek`] for a verb that only writes letters out (export): each is handed to
+    /// `visit` as a view, so a backend reading from its client's buffers (Kafka) need not
+    /// copy it into a letter first. By default, each letter of `peek`.
+    async fn peek_each(&self, limit: Option<u64>, visit: &mut Visit<'_>) -> Result<()> {
+        let mut letters = self.peek(limit).await?;
+        while let Some(letter) = letters.try_next().await? {
+            visit(&letter.view())?;
+        }
+        Ok(())
+    }
 
     /// Take up to `max` messages out of view, each with a handle to settle or release.
     async fn receive(&self, _max: usize) -> Result<Vec<Received>> {

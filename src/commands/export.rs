@@ -11,26 +11,51 @@ use futures::TryStreamExt;
 use super::Context;
 use crate::cli::ExportArgs;
 use crate::error::{Error, Result};
-use crate::model::DeadLetter;
+use crate::model::LetterView;
 
 pub async fn run(ctx: &mut Context, args: &ExportArgs) -> Result<()> {
     let (target, broker) = ctx.open(&args.read).await?;
     let redactor = ctx.redactor(&args.redact);
-    let mut letters = ctx.letters(broker.as_ref(), &args.read, None).await?;
+    // Letters are read whole only when there is something to select or change; else each is
+    // written as the backend shows it (Kafka: straight from librdkafka's buffers).
+    let as_shown = redactor.is_empty() && args.read.filters.is_empty() && args.read.reason_from.is_none();
+    let mut letters = if as_shown { None } else { Some(ctx.letters(broker.as_ref(), &args.read, None).await?) };
     let mut file = args.file.as_deref().map(PartialFile::create).transpose()?;
     let mut count = 0u64;
-    while let Some(mut letter) = letters.try_next().await? {
-        redactor.apply(&mut letter);
-        match &mut file {
-            Some(f) => f.write_letter(&letter)?,
-            None => ctx.out.letter_line(&letter)?,
+    // What reading costs, said once the read has begun (as `Context::letters` does), so a
+    // mistyped DLQ gets only its error.
+    let peek_cost = if as_shown { broker.capabilities().peek_cost } else { None };
+    let out = &mut ctx.out;
+    let mut write = |letter: &LetterView<'_>| {
+        if count == 0
+            && let Some(cost) = peek_cost
+        {
+            out.note(cost);
         }
         count += 1;
+        match &mut file {
+            Some(f) => f.write_letter(letter),
+            None => out.letter_line(letter),
+        }
+    };
+    match &mut letters {
+        Some(letters) => {
+            while let Some(mut letter) = letters.try_next().await? {
+                redactor.apply(&mut letter);
+                write(&letter.view())?;
+            }
+        }
+        None => broker.peek_each(None, &mut write).await?,
     }
     drop(letters);
+    if count == 0
+        && let Some(cost) = peek_cost
+    {
+        ctx.out.note(cost);
+    }
     broker.end_read().await?;
-    if let Some(f) = file {
-        let path = f.commit()?;
+    if let Some(file) = file {
+        let path = file.commit()?;
         ctx.out.note(&format!("exported {count} dead letters from {target} to {}", path.display()));
     }
     ctx.report_read_notes(broker.as_ref());
@@ -59,7 +84,7 @@ impl PartialFile {
         })
     }
 
-    fn write_letter(&mut self, letter: &DeadLetter) -> Result<()> {
+    fn write_letter(&mut self, letter: &LetterView<'_>) -> Result<()> {
         let fail = |e: std::io::Error| Error::io(format!("cannot write {}", self.tmp.display()), e);
         self.out.write_all(letter.json_line(&mut self.line)).map_err(fail)
     }

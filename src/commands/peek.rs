@@ -24,7 +24,7 @@ pub async fn run(ctx: &mut Context, args: &PeekArgs) -> Result<()> {
         redactor.apply(&mut letter);
         shown += 1;
         if ctx.out.is_json() {
-            ctx.out.letter_line(&letter)?;
+            ctx.out.letter_line(&letter.view())?;
         } else if let Some(table) = &mut table {
             table.add_row(vec![
                 letter.id.clone().into(),
