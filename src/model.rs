@@ -409,8 +409,9 @@ fn write_object<'v, V: 'v>(
 
 /// A header value borrowed from where a backend read it: the kinds a Kafka record's headers
 /// and dlqctl's own additions take. Written exactly as the [`Value`] it stands for.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum ValueView<'a> {
+    #[default]
     Null,
     Text(&'a str),
     Bytes(&'a [u8]),

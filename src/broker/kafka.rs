@@ -300,11 +300,11 @@ impl KafkaBroker {
         let (headers, extras, decoded) = match m.headers() {
             Some(record) if self.options.headers => {
                 let (headers, decoded) = letter_headers(record);
-                (headers, extras(m, time), decoded)
+                (headers, Extras::of(m, time), decoded)
             }
-            Some(record) => (Vec::new(), Vec::new(), decode_record_headers(record)),
-            None if self.options.headers => (Vec::new(), extras(m, time), Decoded::default()),
-            None => (Vec::new(), Vec::new(), Decoded::default()),
+            Some(record) => (Vec::new(), Extras::default(), decode_record_headers(record)),
+            None if self.options.headers => (Vec::new(), Extras::of(m, time), Decoded::default()),
+            None => (Vec::new(), Extras::default(), Decoded::default()),
         };
         let topic = m.topic();
         // `topic-partition@offset`, without the formatting machinery (a tenth of a summarize's
@@ -447,7 +447,7 @@ fn letter_headers<'a>(record: &'a impl rdkafka::message::Headers) -> (Vec<(&'a s
         }
         headers.push((h.key, value.map_or(ValueView::Null, Raw::view)));
     }
-    (headers, decode_failure(|name| firsts[framework_index(name)?].flatten()))
+    (headers, decode_failure(|i| firsts[i].flatten()))
 }
 
 /// The failure a record's headers describe, read straight off them for reads that keep no
@@ -459,7 +459,7 @@ fn decode_record_headers(record: &impl rdkafka::message::Headers) -> Decoded {
             firsts[i].get_or_insert(h.value);
         }
     }
-    decode_failure(|name| firsts[framework_index(name)?].flatten().map(Raw::of))
+    decode_failure(|i| firsts[i].flatten().map(Raw::of))
 }
 
 /// A header value as the decoder sees it, borrowed from a letter's headers or a record's.
@@ -496,7 +496,7 @@ struct RecordLetter<'a> {
     time: Option<DateTime<Utc>>,
     /// Both empty when the read keeps no headers (summarize).
     headers: Vec<(&'a str, ValueView<'a>)>,
-    extras: Vec<(&'static str, ValueView<'a>)>,
+    extras: Extras<'a>,
     body: Option<&'a [u8]>,
 }
 
@@ -513,7 +513,7 @@ impl RecordLetter<'_> {
             last_failed_at: self.time,
             enqueued_at: None,
             headers: HeadersView::Pairs(&self.headers),
-            extras: HeadersView::Pairs(&self.extras),
+            extras: HeadersView::Pairs(self.extras.as_slice()),
             body: self.body,
         }
     }
@@ -530,22 +530,23 @@ impl RecordLetter<'_> {
             last_failed_at: self.time,
             enqueued_at: None,
             headers: self.headers.into_iter().map(|(name, value)| (header_name(name), Value::from(value))).collect(),
-            extras: self.extras.into_iter().map(|(name, value)| (name, Value::from(value))).collect(),
+            extras: self.extras.as_slice().iter().map(|&(name, value)| (name, Value::from(value))).collect(),
             body: self.body.map(<[u8]>::to_vec),
         }
     }
 }
 
 /// Decode Spring Kafka's `kafka_dlt-*` headers (value side, else key side) or Kafka
-/// Connect's `__connect.errors.*`, each asked for by name through `get`. Partition and offset
+/// Connect's `__connect.errors.*`, each asked for through `get` by its place in
+/// [`FRAMEWORK_NAMES`]. Partition and offset
 /// are accepted as Spring writes them (4- and 8-byte big-endian) or as text (Connect, older
 /// Spring).
-fn decode_failure<'a>(get: impl Fn(&str) -> Option<Raw<'a>>) -> Decoded {
-    let text = |name: &str| match get(name)? {
+fn decode_failure<'a>(get: impl Fn(usize) -> Option<Raw<'a>>) -> Decoded {
+    let text = |name: usize| match get(name)? {
         Raw::Text(s) => Some(s.to_owned()),
         Raw::Bytes(b) => std::str::from_utf8(b).ok().map(str::to_owned),
     };
-    let number = |name: &str| -> Option<i64> {
+    let number = |name: usize| -> Option<i64> {
         match get(name)? {
             Raw::Bytes(b) if b.len() == 4 => Some(i64::from(i32::from_be_bytes(b.try_into().ok()?))),
             Raw::Bytes(b) if b.len() == 8 => Some(i64::from_be_bytes(b.try_into().ok()?)),
@@ -553,52 +554,75 @@ fn decode_failure<'a>(get: impl Fn(&str) -> Option<Raw<'a>>) -> Decoded {
             Raw::Bytes(_) => None,
         }
     };
-    // The value side's names, else the key side's: [class, cause class, message, shown prefix].
-    let spring = |names: [&str; 4]| {
+    // The value side's names, else the key side's: [class, cause class, message], shown prefix.
+    let spring = |names: [usize; 3], prefix: &str| {
         text(names[0]).map(|class| Reason {
-            raw: Some([names[3], class.as_str()].concat()),
+            raw: Some([prefix, class.as_str()].concat()),
             exception_class: Some(class),
             cause_class: text(names[1]),
             message: text(names[2]),
             ..Reason::new(ReasonKind::Exception)
         })
     };
-    let value_side = ["kafka_dlt-exception-fqcn", "kafka_dlt-exception-cause-fqcn", "kafka_dlt-exception-message", ""];
-    let key_side = [
-        "kafka_dlt-key-exception-fqcn",
-        "kafka_dlt-key-exception-cause-fqcn",
-        "kafka_dlt-key-exception-message",
-        "key: ",
-    ];
-    if let Some(reason) = spring(value_side).or_else(|| spring(key_side)) {
+    let value_side = const {
+        [at("kafka_dlt-exception-fqcn"), at("kafka_dlt-exception-cause-fqcn"), at("kafka_dlt-exception-message")]
+    };
+    let key_side = const {
+        [
+            at("kafka_dlt-key-exception-fqcn"),
+            at("kafka_dlt-key-exception-cause-fqcn"),
+            at("kafka_dlt-key-exception-message"),
+        ]
+    };
+    if let Some(reason) = spring(value_side, "").or_else(|| spring(key_side, "key: ")) {
         return Decoded {
             reason,
             source: Source {
-                name: text("kafka_dlt-original-topic"),
-                partition: number("kafka_dlt-original-partition").and_then(|p| i32::try_from(p).ok()),
-                offset: number("kafka_dlt-original-offset"),
+                name: text(const { at("kafka_dlt-original-topic") }),
+                partition: number(const { at("kafka_dlt-original-partition") }).and_then(|p| i32::try_from(p).ok()),
+                offset: number(const { at("kafka_dlt-original-offset") }),
                 ..Source::default()
             },
         };
     }
-    if let Some(class) = text("__connect.errors.exception.class.name") {
+    if let Some(class) = text(const { at("__connect.errors.exception.class.name") }) {
         return Decoded {
             reason: Reason {
                 raw: Some(class.clone()),
                 exception_class: Some(class),
-                message: text("__connect.errors.exception.message"),
-                code: text("__connect.errors.stage"),
+                message: text(const { at("__connect.errors.exception.message") }),
+                code: text(const { at("__connect.errors.stage") }),
                 ..Reason::new(ReasonKind::Exception)
             },
             source: Source {
-                name: text("__connect.errors.topic"),
-                partition: number("__connect.errors.partition").and_then(|p| i32::try_from(p).ok()),
-                offset: number("__connect.errors.offset"),
+                name: text(const { at("__connect.errors.topic") }),
+                partition: number(const { at("__connect.errors.partition") }).and_then(|p| i32::try_from(p).ok()),
+                offset: number(const { at("__connect.errors.offset") }),
                 ..Source::default()
             },
         };
     }
     Decoded::default()
+}
+
+/// Where `name` is in [`FRAMEWORK_NAMES`], found while compiling: the decoder asks for each
+/// header by its place, and a name not in the list does not compile.
+const fn at(name: &str) -> usize {
+    let mut i = 0;
+    while i < FRAMEWORK_NAMES.len() {
+        if FRAMEWORK_NAMES[i].len() == name.len() {
+            let (known, wanted) = (FRAMEWORK_NAMES[i].as_bytes(), name.as_bytes());
+            let mut j = 0;
+            while j < known.len() && known[j] == wanted[j] {
+                j += 1;
+            }
+            if j == known.len() {
+                return i;
+            }
+        }
+        i += 1;
+    }
+    panic!("not one of FRAMEWORK_NAMES")
 }
 
 /// The names Spring Kafka and Kafka Connect put on dead letters, kept once for every letter
@@ -631,12 +655,34 @@ const FRAMEWORK_NAMES: [&str; 24] = [
 ];
 
 /// What dlqctl adds to every record's headers: where it is, when it was written, its key.
-fn extras(m: &impl Message, time: Option<DateTime<Utc>>) -> Vec<(&'static str, ValueView<'_>)> {
-    let mut extras = Vec::with_capacity(4);
-    extras.extend([("partition", ValueView::Int(i64::from(m.partition()))), ("offset", ValueView::Int(m.offset()))]);
-    extras.extend(time.map(|t| ("timestamp", ValueView::Timestamp(t))));
-    extras.extend(m.key().map(|key| ("key", Raw::of(key).view())));
-    extras
+/// At most four, kept on the stack.
+#[derive(Default)]
+struct Extras<'a> {
+    pairs: [(&'static str, ValueView<'a>); 4],
+    len: usize,
+}
+
+impl<'a> Extras<'a> {
+    fn of(m: &'a impl Message, time: Option<DateTime<Utc>>) -> Self {
+        let mut extras = Extras::default();
+        let mut push = |pair| {
+            extras.pairs[extras.len] = pair;
+            extras.len += 1;
+        };
+        push(("partition", ValueView::Int(i64::from(m.partition()))));
+        push(("offset", ValueView::Int(m.offset())));
+        if let Some(t) = time {
+            push(("timestamp", ValueView::Timestamp(t)));
+        }
+        if let Some(key) = m.key() {
+            push(("key", Raw::of(key).view()));
+        }
+        extras
+    }
+
+    fn as_slice(&self) -> &[(&'static str, ValueView<'a>)] {
+        &self.pairs[..self.len]
+    }
 }
 
 /// A header's name as a letter keeps it: the framework's own names shared, not copied.

@@ -3,7 +3,7 @@
 //! export never leaves a truncated archive that looks whole.
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use futures::TryStreamExt;
@@ -12,6 +12,7 @@ use super::Context;
 use crate::cli::ExportArgs;
 use crate::error::{Error, Result};
 use crate::model::LetterView;
+use crate::output::Buffered;
 
 pub async fn run(ctx: &mut Context, args: &ExportArgs) -> Result<()> {
     let (target, broker) = ctx.open(&args.read).await?;
@@ -66,8 +67,7 @@ pub async fn run(ctx: &mut Context, args: &ExportArgs) -> Result<()> {
 struct PartialFile {
     path: PathBuf,
     tmp: PathBuf,
-    out: BufWriter<File>,
-    line: Vec<u8>,
+    out: Buffered<File>,
 }
 
 impl PartialFile {
@@ -76,17 +76,12 @@ impl PartialFile {
         tmp.push(".partial");
         let tmp = PathBuf::from(tmp);
         let file = File::create(&tmp).map_err(|e| Error::io(format!("cannot create {}", tmp.display()), e))?;
-        Ok(PartialFile {
-            path: path.to_path_buf(),
-            tmp,
-            out: BufWriter::with_capacity(128 * 1024, file),
-            line: Vec::new(),
-        })
+        Ok(PartialFile { path: path.to_path_buf(), tmp, out: Buffered::new(file) })
     }
 
     fn write_letter(&mut self, letter: &LetterView<'_>) -> Result<()> {
         let fail = |e: std::io::Error| Error::io(format!("cannot write {}", self.tmp.display()), e);
-        self.out.write_all(letter.json_line(&mut self.line)).map_err(fail)
+        self.out.letter_line(letter).map_err(fail)
     }
 
     fn commit(mut self) -> Result<PathBuf> {
