@@ -1,6 +1,7 @@
 """Medians of /usr/bin/time lines ("label wall user sys maxrss_kb messages"), as a Markdown table
 with messages/s, CPU seconds and peak RSS, then dlqctl's ratios to the broker's ceiling and to
-the peer script. Labels are WHO_JOB_BROKER: ceiling_read, ceiling_move, peer_export, dlqctl_*."""
+the peer script. Labels are WHO_JOB_BROKER: ceiling_read, ceiling_move, peer_export, lean_export,
+dlqctl_*."""
 import collections, statistics, sys
 
 runs = collections.defaultdict(list)
@@ -41,6 +42,12 @@ for label in rows:
     if job != "redrive":
         parts.append(compare(label, f"peer_export_{broker}", "peer"))
         parts.append(compare(label, f"{ceiling}_with_headers", "ceiling-reading-headers"))
+    if job == "export":
+        parts.append(compare(label, f"lean_export_{broker}", "leanest export"))
     else:
         parts.append(compare(label, f"{ceiling}_with_id", "ceiling-with-redrive-headers"))
     print(f"- dlqctl {job} {broker}: " + "; ".join(p for p in parts if p))
+for label in rows:
+    if label.startswith("lean_export_"):
+        broker = label.removeprefix("lean_export_")
+        print(f"- leanest export {broker}: " + compare(label, f"ceiling_read_{broker}_with_headers", "ceiling-reading-headers"))
