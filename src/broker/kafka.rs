@@ -35,7 +35,7 @@ use super::{
 use crate::error::{Error, Result};
 use crate::lint::{Inventory, QueueFacts};
 use crate::model::{
-    BrokerKind, DeadLetter, HeadersView, LetterView, Name, Reason, ReasonKind, Source, Value, ValueView,
+    BrokerKind, DeadLetter, Headers, HeadersView, LetterView, Name, Reason, ReasonKind, Source, Value, ValueView,
 };
 use crate::target::KafkaTarget;
 
@@ -432,8 +432,22 @@ pub struct Decoded {
     pub source: Source,
 }
 
+/// A letter's failure headers decoded as the record carrying them would be: what a redrive's
+/// copy says when it dead-letters again (and the fuzz target's way in).
+pub fn decode_failure_headers(headers: &Headers) -> Decoded {
+    decode_record_headers(&record_headers(headers))
+}
+
+/// A letter's headers as a record carries them.
+fn record_headers(headers: &Headers) -> OwnedHeaders {
+    headers.iter().fold(OwnedHeaders::new_with_capacity(headers.len()), |record, (key, value)| {
+        let bytes = (!matches!(value, Value::Null)).then(|| value_bytes(value));
+        record.insert(rdkafka::message::Header { key, value: bytes.as_deref() })
+    })
+}
+
 /// The first value under each framework name, by its place in [`FRAMEWORK_NAMES`] (`None`
-/// inside: a null value), as [`Headers::get`] finds the first.
+/// inside: a null value), as [`crate::model::Headers::get`] finds the first.
 type Firsts<T> = [Option<Option<T>>; FRAMEWORK_NAMES.len()];
 
 /// A record's headers as a letter shows them, and the failure they describe, in one pass.
@@ -462,7 +476,7 @@ fn decode_record_headers(record: &impl rdkafka::message::Headers) -> Decoded {
     decode_failure(|i| firsts[i].flatten().map(Raw::of))
 }
 
-/// A header value as the decoder sees it, borrowed from a letter's headers or a record's.
+/// A header value of a record, as the decoder and a letter see it.
 #[derive(Clone, Copy)]
 enum Raw<'a> {
     Text(&'a str),
@@ -538,29 +552,28 @@ impl RecordLetter<'_> {
 
 /// Decode Spring Kafka's `kafka_dlt-*` headers (value side, else key side) or Kafka
 /// Connect's `__connect.errors.*`, each asked for through `get` by its place in
-/// [`FRAMEWORK_NAMES`]. Partition and offset
-/// are accepted as Spring writes them (4- and 8-byte big-endian) or as text (Connect, older
-/// Spring).
+/// [`FRAMEWORK_NAMES`]. Partition and offset are accepted as Spring writes them (4- and 8-byte
+/// big-endian) or as text (Connect, older Spring).
 fn decode_failure<'a>(get: impl Fn(usize) -> Option<Raw<'a>>) -> Decoded {
-    let text = |name: usize| match get(name)? {
+    let text = |place: usize| match get(place)? {
         Raw::Text(s) => Some(s.to_owned()),
         Raw::Bytes(b) => std::str::from_utf8(b).ok().map(str::to_owned),
     };
-    let number = |name: usize| -> Option<i64> {
-        match get(name)? {
+    let number = |place: usize| -> Option<i64> {
+        match get(place)? {
             Raw::Bytes(b) if b.len() == 4 => Some(i64::from(i32::from_be_bytes(b.try_into().ok()?))),
             Raw::Bytes(b) if b.len() == 8 => Some(i64::from_be_bytes(b.try_into().ok()?)),
             Raw::Text(s) => s.trim().parse().ok(),
             Raw::Bytes(_) => None,
         }
     };
-    // The value side's names, else the key side's: [class, cause class, message], shown prefix.
-    let spring = |names: [usize; 3], prefix: &str| {
-        text(names[0]).map(|class| Reason {
+    // The value side's headers, else the key side's: [class, cause class, message], shown prefix.
+    let spring = |places: [usize; 3], prefix: &str| {
+        text(places[0]).map(|class| Reason {
             raw: Some([prefix, class.as_str()].concat()),
             exception_class: Some(class),
-            cause_class: text(names[1]),
-            message: text(names[2]),
+            cause_class: text(places[1]),
+            message: text(places[2]),
             ..Reason::new(ReasonKind::Exception)
         })
     };
@@ -1086,15 +1099,7 @@ impl Sink for KafkaBroker {
             if let Some(Err(e)) = missing.get(topic) {
                 return Err(e.clone());
             }
-            let mut headers = OwnedHeaders::new_with_capacity(letter.headers.len());
-            let values: Vec<(String, Option<Vec<u8>>)> = letter
-                .headers
-                .iter()
-                .map(|(k, v)| (k.to_owned(), (!matches!(v, Value::Null)).then(|| value_bytes(v))))
-                .collect();
-            for (k, v) in &values {
-                headers = headers.insert(rdkafka::message::Header { key: k, value: v.as_deref() });
-            }
+            let headers = record_headers(&letter.headers);
             let key = letter.extras.get("key").map(value_bytes);
             let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(headers);
             if let Some(k) = &key {
@@ -1221,6 +1226,30 @@ mod tests {
         assert_eq!(d.reason.message.as_deref(), Some("boom\n\tat line 3"));
         assert_eq!(d.source.name, None, "a null first value hides the second");
         assert_eq!((d.source.partition, d.source.offset), (Some(1234), Some(99)), "text, not big-endian");
+    }
+
+    /// A letter's headers go back onto a record (a redrive) and decode to the same failure.
+    #[test]
+    fn a_letters_headers_decode_as_the_record_they_came_from() {
+        let original = record(&[
+            ("kafka_dlt-exception-fqcn", Some(b"java.lang.IllegalStateException")),
+            ("kafka_dlt-original-topic", Some(b"orders")),
+            ("kafka_dlt-original-partition", Some(&7i32.to_be_bytes())),
+            ("kafka_dlt-original-offset", Some(b"99")),
+            ("tenant", None),
+        ]);
+        let letter = RecordLetter {
+            id: String::new(),
+            topic: "orders.DLT",
+            decoded: Decoded::default(),
+            time: None,
+            headers: letter_headers(&original).0,
+            extras: Extras::default(),
+            body: None,
+        }
+        .into_letter();
+        assert_eq!(decode_failure_headers(&letter.headers), decode_record_headers(&original));
+        assert_eq!(decode_failure_headers(&letter.headers).source.partition, Some(7));
     }
 
     #[test]

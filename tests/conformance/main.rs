@@ -16,6 +16,7 @@ macro_rules! conformance_suite {
         conformance_suite!(@tests $fixture;
             describe_reports_depth,
             peek_returns_n_and_leaves_depth,
+            peek_each_shows_what_peek_reads,
             reasons_match_what_was_seeded,
             export_round_trip_is_lossless,
             settle_removes_exactly_the_settled,

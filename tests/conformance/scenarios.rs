@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 use dlqctl::broker::{Broker, Handle};
 use dlqctl::error::Error;
-use dlqctl::model::{DeadLetter, Headers, Reason, ReasonKind, Source, Value};
+use dlqctl::model::{DeadLetter, Headers, LetterView, Reason, ReasonKind, Source, Value};
 use futures::TryStreamExt;
 
 #[async_trait]
@@ -74,6 +74,41 @@ pub async fn peek_returns_n_and_leaves_depth(f: &impl Fixture) {
     let peeked: Vec<DeadLetter> = broker.peek(Some(4)).await.unwrap().try_collect().await.unwrap();
     assert_eq!(peeked.len(), 4);
     assert_eq!(depth(broker.as_ref()).await, 10);
+}
+
+/// `peek_each` shows the letters `peek` reads (export writes what it shows), stops at the
+/// limit, and ends at the visitor's error.
+pub async fn peek_each_shows_what_peek_reads(f: &impl Fixture) {
+    let broker = f.dlq_with(&seed_letters(8)).await;
+    let mut lines = Vec::new();
+    let mut write = |letter: &LetterView<'_>| {
+        letter.write_json(&mut lines);
+        lines.push(b'\n');
+        Ok(())
+    };
+    broker.peek_each(None, &mut write).await.unwrap();
+    broker.end_read().await.unwrap();
+    let shown: Vec<DeadLetter> =
+        lines.split(|b| *b == b'\n').filter(|l| !l.is_empty()).map(|l| serde_json::from_slice(l).unwrap()).collect();
+    // Counts a broker keeps per read (SQS's receive count) may move between reads.
+    let parts = |letters: &[DeadLetter]| {
+        let mut parts: Vec<_> = letters.iter().map(|l| (seq(l), l.body.clone(), l.headers.clone())).collect();
+        parts.sort_by(|a, b| a.0.cmp(&b.0));
+        parts
+    };
+    assert_eq!(parts(&shown), parts(&all(broker.as_ref()).await));
+
+    let mut visited = 0;
+    let mut count = |_: &LetterView<'_>| {
+        visited += 1;
+        Ok(())
+    };
+    broker.peek_each(Some(3), &mut count).await.unwrap();
+    broker.end_read().await.unwrap();
+    assert_eq!(visited, 3);
+    let stop = broker.peek_each(None, &mut |_| Err(Error::Runtime("stop here".into()))).await;
+    broker.end_read().await.unwrap();
+    assert!(matches!(&stop, Err(Error::Runtime(m)) if m == "stop here"), "{stop:?}");
 }
 
 pub async fn reasons_match_what_was_seeded(f: &impl Fixture) {
