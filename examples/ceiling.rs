@@ -1,12 +1,20 @@
 //! The brokers' ceilings for `scripts/bench`: the plainest, fastest client loop that only
 //! does the transfer (no decoding, no output, no bookkeeping), using the same client library
-//! dlqctl uses. Nothing dlqctl does can beat these on the same machine.
+//! dlqctl uses. Nothing dlqctl does can beat these on the same machine. For Kafka, also the
+//! leanest export (kafka-export): dlqctl's output with none of dlqctl.
 //!
 //!     ceiling rabbitmq-read AMQP_URL QUEUE N [PREFETCH]   every message, none consumed
 //!     ceiling rabbitmq-move AMQP_URL FROM TO N      publish with confirms, then ack
 //!     ceiling kafka-read BROKERS TOPIC N [+HEADERS] from the beginning, every partition; with
 //!                                                   +HEADERS, also read every header (librdkafka
 //!                                                   parses them only when asked)
+//!     ceiling kafka-export BROKERS TOPIC N          the leanest export: for each record of the
+//!                                                   bench's topic, the line `dlqctl export`
+//!                                                   writes, byte for byte, straight from
+//!                                                   librdkafka's buffers (nothing allocated per
+//!                                                   record; Spring's value-side headers only).
+//!                                                   What it spends above +HEADERS is what
+//!                                                   writing the lines costs, whatever the design
 //!     ceiling kafka-move BROKERS FROM TO N [+ID]    produce with delivery reports; with +ID,
 //!                                                   add the two headers a redrive must add
 //!                                                   (what they cost the broker, told apart)
@@ -15,9 +23,12 @@
 //!
 //! SQS loops take the endpoint and credentials from the usual AWS_* variables.
 
+use std::io::Write;
 use std::time::Duration;
 
 use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, SendMessageBatchRequestEntry};
+use base64_simd::STANDARD as BASE64;
+use chrono::{DateTime, SecondsFormat};
 use futures::StreamExt;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
@@ -30,6 +41,9 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// The bench's records carry six headers (kafka-export).
+const MAX_HEADERS: usize = 16;
 
 /// Messages published between waits for confirms (RabbitMQ) or delivery reports (Kafka).
 const WINDOW: usize = 1000;
@@ -45,6 +59,7 @@ async fn main() -> Result<()> {
         }
         Some("rabbitmq-move") => rabbitmq_move(&args[1], &args[2], &args[3], n(4)).await,
         Some("kafka-read") => kafka_read(&args[1], &args[2], n(3), args.get(4).is_some_and(|a| a == "+HEADERS")),
+        Some("kafka-export") => kafka_export(&args[1], &args[2], n(3)),
         Some("kafka-move") => {
             let with_id = args.get(5).is_some_and(|a| a == "+ID");
             kafka_move(&args[1], &args[2], &args[3], n(4), with_id).await
@@ -147,6 +162,32 @@ fn kafka_read(brokers: &str, topic: &str, n: usize, with_headers: bool) -> Resul
             read += 1;
         }
     }
+    Ok(())
+}
+
+fn kafka_export(brokers: &str, topic: &str, n: usize) -> Result<()> {
+    let consumer = kafka_consumer(brokers, topic)?;
+    let mut stdout = std::io::stdout().lock();
+    let mut out = Vec::with_capacity(256 * 1024);
+    // The last record time and its text: records written together share one.
+    let mut time = (i64::MIN, String::new());
+    let mut read = 0;
+    while read < n {
+        let Some(message) = consumer.poll(Duration::from_secs(10)) else { continue };
+        let m = message?;
+        let ms = m.timestamp().to_millis().ok_or("a record without a timestamp")?;
+        if time.0 != ms {
+            let t = DateTime::from_timestamp_millis(ms).ok_or("a timestamp out of range")?;
+            time = (ms, t.to_rfc3339_opts(SecondsFormat::AutoSi, true));
+        }
+        write_line(&mut out, &m, &time.1)?;
+        if out.len() >= 128 * 1024 {
+            stdout.write_all(&out)?;
+            out.clear();
+        }
+        read += 1;
+    }
+    stdout.write_all(&out)?;
     Ok(())
 }
 
@@ -270,4 +311,111 @@ async fn sqs_move(from: &str, to: &str, n: usize) -> Result<()> {
         moved += messages.len();
     }
     Ok(())
+}
+
+fn write_line(out: &mut Vec<u8>, m: &impl Message, time: &str) -> Result<()> {
+    // Every header once, on the stack, for the decoding and then the writing.
+    let mut headers = [("", None); MAX_HEADERS];
+    let count = m.headers().map_or(0, |h| h.count());
+    for (slot, h) in headers.iter_mut().zip(m.headers().iter().flat_map(|h| h.iter())) {
+        *slot = (h.key, h.value);
+    }
+    let headers = headers.get(..count).ok_or("more headers than the bench's records carry")?;
+    let header = |name: &str| headers.iter().find(|(key, _)| *key == name).and_then(|(_, value)| *value);
+    let (mut partition, mut offset) = (itoa::Buffer::new(), itoa::Buffer::new());
+    let (partition, offset) = (partition.format(m.partition()), offset.format(m.offset()));
+    let topic = m.topic();
+
+    out.extend_from_slice(b"{\"schema\":\"dlqctl/dead-letter/v1\",\"id\":\"");
+    for part in [topic, "-", partition, "@", offset] {
+        out.extend_from_slice(part.as_bytes());
+    }
+    out.extend_from_slice(b"\",\"broker\":\"kafka\",\"dlq\":");
+    json_escape_simd::escape_into(topic, out);
+    out.extend_from_slice(b",\"source\":{");
+    if let Some(name) = header("kafka_dlt-original-topic") {
+        out.extend_from_slice(b"\"name\":");
+        json_escape_simd::escape_into(std::str::from_utf8(name).unwrap_or_default(), out);
+    }
+    let number = |name: &str| match header(name) {
+        Some(b) if b.len() == 4 => Some(i64::from(i32::from_be_bytes(b.try_into().ok()?))),
+        Some(b) if b.len() == 8 => Some(i64::from_be_bytes(b.try_into().ok()?)),
+        _ => None,
+    };
+    for (key, value) in [
+        (&b",\"partition\":"[..], number("kafka_dlt-original-partition")),
+        (b",\"offset\":", number("kafka_dlt-original-offset")),
+    ] {
+        if let Some(value) = value {
+            out.extend_from_slice(key);
+            out.extend_from_slice(itoa::Buffer::new().format(value).as_bytes());
+        }
+    }
+    out.extend_from_slice(b"},\"reason\":");
+    let class = header("kafka_dlt-exception-fqcn").and_then(|b| std::str::from_utf8(b).ok());
+    let class = class.ok_or("a record without Spring's exception header")?;
+    out.extend_from_slice(b"{\"kind\":\"exception\",\"raw\":");
+    json_escape_simd::escape_into(class, out);
+    out.extend_from_slice(b",\"exception_class\":");
+    json_escape_simd::escape_into(class, out);
+    out.push(b'}');
+    out.extend_from_slice(b",\"last_failed_at\":\"");
+    out.extend_from_slice(time.as_bytes());
+    out.extend_from_slice(b"\",\"headers\":{");
+    for (i, (key, value)) in headers.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        json_escape_simd::escape_into(key, out);
+        out.push(b':');
+        write_value(out, *value);
+    }
+    out.extend_from_slice(b"},\"extras\":{\"partition\":");
+    out.extend_from_slice(partition.as_bytes());
+    out.extend_from_slice(b",\"offset\":");
+    out.extend_from_slice(offset.as_bytes());
+    out.extend_from_slice(b",\"timestamp\":{\"$timestamp\":\"");
+    out.extend_from_slice(time.as_bytes());
+    out.extend_from_slice(b"\"}");
+    if let Some(key) = m.key() {
+        out.extend_from_slice(b",\"key\":");
+        write_value(out, Some(key));
+    }
+    out.extend_from_slice(b"},\"body\":");
+    match m.payload().map(|body| simdutf8::basic::from_utf8(body).map_err(|_| body)) {
+        None => out.extend_from_slice(b"null"),
+        Some(Ok(text)) => {
+            json_escape_simd::escape_into(text, out);
+            out.extend_from_slice(b",\"body_encoding\":\"utf8\"");
+        }
+        Some(Err(binary)) => {
+            out.push(b'"');
+            BASE64.encode_append(binary, out);
+            out.extend_from_slice(b"\",\"body_encoding\":\"base64\"");
+        }
+    }
+    out.extend_from_slice(b"}\n");
+    Ok(())
+}
+
+/// A header value as dlqctl writes one: text when printable UTF-8, else `{"$bytes":...}`.
+fn write_value(out: &mut Vec<u8>, value: Option<&[u8]>) {
+    match value.map(|b| std::str::from_utf8(b).map_err(|_| b)) {
+        None => out.extend_from_slice(b"null"),
+        Some(Ok(text)) if printable(text) => json_escape_simd::escape_into(text, out),
+        Some(Ok(text)) => write_bytes(out, text.as_bytes()),
+        Some(Err(bytes)) => write_bytes(out, bytes),
+    }
+}
+
+fn write_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(b"{\"$bytes\":\"");
+    BASE64.encode_append(bytes, out);
+    out.extend_from_slice(b"\"}");
+}
+
+/// No control characters but tab and line breaks; most values are printable ASCII.
+fn printable(text: &str) -> bool {
+    text.bytes().all(|b| (b' '..=b'~').contains(&b))
+        || !text.chars().any(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r'))
 }
