@@ -791,9 +791,12 @@ impl DeadLetter {
         }
     }
 
-    /// The letter as one JSONL line (see [`LetterView::json_line`]).
+    /// The letter as one JSONL line, built in `scratch` (kept between calls so that a stream
+    /// of letters allocates nothing per line) and returned for writing.
     pub fn json_line<'a>(&self, scratch: &'a mut Vec<u8>) -> &'a [u8] {
-        self.view().json_line(scratch)
+        scratch.clear();
+        self.view().write_line(scratch);
+        scratch
     }
 }
 
@@ -817,13 +820,10 @@ pub struct LetterView<'a> {
 }
 
 impl LetterView<'_> {
-    /// [`LetterView::write_json`] as one JSONL line, built in `scratch` (kept between calls
-    /// so that a stream of letters allocates nothing per line) and returned for writing.
-    pub fn json_line<'a>(&self, scratch: &'a mut Vec<u8>) -> &'a [u8] {
-        scratch.clear();
-        self.write_json(scratch);
-        scratch.push(b'\n');
-        scratch
+    /// Appends the letter as one JSONL line: [`LetterView::write_json`] and a newline.
+    pub fn write_line(&self, out: &mut Vec<u8>) {
+        self.write_json(out);
+        out.push(b'\n');
     }
 
     /// Appends the letter as one JSON object: the archive's line. Written by hand, not by

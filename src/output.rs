@@ -141,8 +141,7 @@ impl<W: Write> Buffered<W> {
 
     /// One dead letter as a JSONL line.
     pub fn letter_line(&mut self, letter: &LetterView<'_>) -> io::Result<()> {
-        letter.write_json(&mut self.buf);
-        self.buf.push(b'\n');
+        letter.write_line(&mut self.buf);
         self.write_out_when_full()
     }
 

@@ -325,6 +325,19 @@ impl KafkaBroker {
         self.record_letter(m).into_letter()
     }
 
+    /// A read of the DLT (`peek`, `peek_each`): unsettled records only, counted for the note.
+    async fn start_read(&self) -> Result<Reader> {
+        let topic = self.topic()?.to_owned();
+        let reader = self.reader(&topic, true).await?;
+        self.read.store(0, Ordering::Relaxed);
+        Ok(reader)
+    }
+
+    /// A read that reached its end: what it left unread, for the note.
+    fn read_ended(&self, reader: &Reader) {
+        *self.stopped_short.lock().expect("not poisoned") = reader.short_of_the_end();
+    }
+
     fn read_error(&self, e: KafkaError) -> Error {
         Error::Runtime(format!("reading {}: {e}", self.shown))
     }
@@ -809,16 +822,14 @@ impl Broker for KafkaBroker {
     }
 
     async fn peek(&self, limit: Option<u64>) -> Result<LetterStream<'_>> {
-        let topic = self.topic()?.to_owned();
-        let reader = self.reader(&topic, true).await?;
-        self.read.store(0, Ordering::Relaxed);
+        let reader = self.start_read().await?;
         let remaining = limit.unwrap_or(u64::MAX);
         Ok(futures::stream::unfold((reader, remaining), move |(mut reader, remaining)| async move {
             if remaining == 0 {
                 return None;
             }
             let Some(next) = reader.next(|m| self.normalize(m)).await else {
-                *self.stopped_short.lock().expect("not poisoned") = reader.short_of_the_end();
+                self.read_ended(&reader);
                 return None;
             };
             let item = next.map_err(|e| self.read_error(e));
@@ -830,12 +841,10 @@ impl Broker for KafkaBroker {
 
     /// Each record shown where librdkafka holds it: no body or header is copied.
     async fn peek_each(&self, limit: Option<u64>, visit: &mut Visit<'_>) -> Result<()> {
-        let topic = self.topic()?.to_owned();
-        let mut reader = self.reader(&topic, true).await?;
-        self.read.store(0, Ordering::Relaxed);
+        let mut reader = self.start_read().await?;
         for _ in 0..limit.unwrap_or(u64::MAX) {
             let Some(next) = reader.next(|m| visit(&self.record_letter(m).view())).await else {
-                *self.stopped_short.lock().expect("not poisoned") = reader.short_of_the_end();
+                self.read_ended(&reader);
                 break;
             };
             next.map_err(|e| self.read_error(e))??;
