@@ -193,11 +193,12 @@ fn kafka_export(brokers: &str, topic: &str, n: usize) -> Result<()> {
 
 async fn kafka_move(brokers: &str, from: &str, to: &str, n: usize, with_id: bool) -> Result<()> {
     let consumer = kafka_consumer(brokers, from)?;
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("enable.idempotence", "true")
-        .set("linger.ms", "5")
-        .create()?;
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", brokers);
+    for (name, value) in dlqctl::broker::kafka::PRODUCER_SETTINGS {
+        config.set(name, value);
+    }
+    let producer: FutureProducer = config.create()?;
     let mut moved = 0;
     while moved < n {
         let mut reports = Vec::with_capacity(WINDOW);

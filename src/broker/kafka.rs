@@ -3,8 +3,8 @@
 //! `__connect.errors.*`), and "already handled" is a consumer group's committed offset.
 //!
 //! Reads assign partitions directly, without joining the group and without committing, so
-//! they change nothing. A redrive produces with an idempotent producer (`acks=all`), waits for
-//! each delivery report, then commits. A committed offset means "everything before it is
+//! they change nothing. A redrive produces with `acks=all` (see [`PRODUCER_SETTINGS`]), waits
+//! for each delivery report, then commits. A committed offset means "everything before it is
 //! settled", so a message left behind (skipped, failed) holds its partition's commit back; the
 //! settled offsets beyond it travel in the commit's metadata, and later runs skip them.
 
@@ -134,6 +134,20 @@ fn connect(consumer: &BaseConsumer<Reporter>, topic: Option<&str>, shown: &str) 
         }
     }
 }
+
+/// How a redrive produces: every copy acknowledged by all in-sync replicas, one request in
+/// flight so that each partition's copies keep their order. Not librdkafka's idempotent
+/// producer: in librdkafka 2.12 it too keeps one request in flight, and while the broker
+/// acknowledges it its broker thread polls without sleeping (confluentinc/librdkafka#4989), a
+/// core taken from a broker on the same host for a whole redrive. Without it, a retry after a
+/// lost acknowledgement can duplicate a copy: one of the bounded duplicates the redrive id
+/// header is there for. Public for the bench's ceiling, which must produce the same way.
+pub const PRODUCER_SETTINGS: [(&str, &str); 4] = [
+    ("enable.idempotence", "false"),
+    ("acks", "all"),
+    ("max.in.flight.requests.per.connection", "1"),
+    ("linger.ms", "5"),
+];
 
 /// Reads a topic from given offsets up to the high watermarks seen when it started.
 struct Reader {
@@ -345,10 +359,11 @@ impl KafkaBroker {
     async fn producer(&self) -> std::result::Result<&FutureProducer, PublishError> {
         self.producer
             .get_or_try_init(|| async {
-                self.config()
-                    .set("enable.idempotence", "true")
-                    .set("acks", "all")
-                    .set("linger.ms", "5")
+                let mut config = self.config();
+                for (name, value) in PRODUCER_SETTINGS {
+                    config.set(name, value);
+                }
+                config
                     // The topic's max.message.bytes decides what fits, not librdkafka's 1 MB default:
                     // a record the DLT holds must be able to go back to a topic configured like it.
                     .set("message.max.bytes", "104857600")
@@ -1306,6 +1321,14 @@ mod tests {
         assert_eq!(text, "dlqctl-settled:5,7-9,12");
         assert_eq!(parse_settled(&text), offsets);
         assert!(parse_settled("other metadata").is_empty());
+    }
+
+    #[test]
+    fn redrive_copies_are_acknowledged_and_kept_in_order_without_the_idempotent_producer() {
+        let settings: BTreeMap<_, _> = PRODUCER_SETTINGS.into_iter().collect();
+        assert_eq!(settings["acks"], "all", "a copy counts only once every in-sync replica has it");
+        assert_eq!(settings["max.in.flight.requests.per.connection"], "1", "a retry must not reorder copies");
+        assert_eq!(settings["enable.idempotence"], "false", "librdkafka's idempotent producer spins while it waits");
     }
 
     #[test]
