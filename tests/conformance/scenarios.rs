@@ -82,8 +82,7 @@ pub async fn peek_each_shows_what_peek_reads(f: &impl Fixture) {
     let broker = f.dlq_with(&seed_letters(8)).await;
     let mut lines = Vec::new();
     let mut write = |letter: &LetterView<'_>| {
-        letter.write_json(&mut lines);
-        lines.push(b'\n');
+        letter.write_line(&mut lines);
         Ok(())
     };
     broker.peek_each(None, &mut write).await.unwrap();
