@@ -520,10 +520,10 @@ def fixture_sqs(namespace, letters, fifo=False):
     dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     src = sqs.create_queue(QueueName=namespace + "-src" + suffix, Attributes=dict(attrs, RedrivePolicy=json.dumps(
         {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 1})))["QueueUrl"]
-    batches = [[]]
+    entries = []
 
-    def send(entries):
-        failed = sqs.send_message_batch(QueueUrl=src, Entries=entries).get("Failed")
+    def send(batch):
+        failed = sqs.send_message_batch(QueueUrl=src, Entries=batch).get("Failed")
         if failed:
             raise SystemExit("fixture: SQS refused %s" % failed)
 
@@ -537,15 +537,13 @@ def fixture_sqs(namespace, letters, fifo=False):
                       {"DataType": "Number" if isinstance(v, int) else "String", "StringValue": str(v)}
                       for k, v in headers.items()}
         extra = {"MessageGroupId": str(headers.get("group", "g")), "MessageDeduplicationId": str(seq)} if fifo else {}
-        if len(batches[-1]) == 10:
-            batches.append([])
-        batches[-1].append(dict(Id=str(len(batches[-1])), MessageBody=text, MessageAttributes=attributes, **extra))
+        entries.append(dict(Id=str(len(entries) % 10), MessageBody=text, MessageAttributes=attributes, **extra))
     # A FIFO queue keeps its groups in the order they were sent: one batch at a time. A standard
     # queue keeps none, and LocalStack answers several callers at once (the bench's 20,000
     # letters: 45 s one call at a time).
     callers = 1 if fifo else 4
     with ThreadPoolExecutor(callers) as pool:
-        list(pool.map(send, (b for b in batches if b)))
+        list(pool.map(send, (entries[i:i + 10] for i in range(0, len(entries), 10))))
 
     def drain():
         while sqs.receive_message(QueueUrl=src, MaxNumberOfMessages=10, VisibilityTimeout=0,
