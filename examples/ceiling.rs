@@ -401,11 +401,17 @@ fn write_line(out: &mut Vec<u8>, m: &impl Message, time: &str) -> Result<()> {
 
 /// A header value as dlqctl writes one: text when printable UTF-8, else `{"$bytes":...}`.
 fn write_value(out: &mut Vec<u8>, value: Option<&[u8]>) {
-    match value.map(|b| std::str::from_utf8(b).map_err(|_| b)) {
-        None => out.extend_from_slice(b"null"),
-        Some(Ok(text)) if printable(text) => json_escape_simd::escape_into(text, out),
-        Some(Ok(text)) => write_bytes(out, text.as_bytes()),
-        Some(Err(bytes)) => write_bytes(out, bytes),
+    let Some(bytes) = value else { return out.extend_from_slice(b"null") };
+    // Most values are printable ASCII, told in one pass and so needing no UTF-8 check.
+    if bytes.iter().fold(true, |printable, &b| printable & (b' '..=b'~').contains(&b)) {
+        // SAFETY: printable ASCII is valid UTF-8.
+        return json_escape_simd::escape_into(unsafe { std::str::from_utf8_unchecked(bytes) }, out);
+    }
+    match std::str::from_utf8(bytes) {
+        Ok(text) if !text.chars().any(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r')) => {
+            json_escape_simd::escape_into(text, out)
+        }
+        _ => write_bytes(out, bytes),
     }
 }
 
@@ -413,10 +419,4 @@ fn write_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(b"{\"$bytes\":\"");
     BASE64.encode_append(bytes, out);
     out.extend_from_slice(b"\"}");
-}
-
-/// No control characters but tab and line breaks; most values are printable ASCII.
-fn printable(text: &str) -> bool {
-    text.bytes().all(|b| (b' '..=b'~').contains(&b))
-        || !text.chars().any(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r'))
 }
