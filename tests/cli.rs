@@ -242,6 +242,30 @@ fn invalid_line_is_named_and_can_be_skipped() {
 }
 
 #[test]
+fn summarize_reads_no_body_unless_asked_and_export_still_checks_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut lines = sample_lines();
+    let mut letter: serde_json::Value = serde_json::from_str(&lines[3]).unwrap();
+    letter["body"] = "!!".into();
+    letter["body_encoding"] = "base64".into();
+    lines[3] = letter.to_string();
+    let path = temp_file(dir.path(), "body.jsonl", lines.join("\n").as_bytes());
+    let path = path.to_str().unwrap();
+
+    // Summarize shows no body, so it decodes none: the line still counts.
+    let o = run(&["summarize", path, "-o", "json"]);
+    assert_exit(&o, 0);
+    assert_eq!(json(&o)["total"], SAMPLE_COUNT);
+    // A filter that looks into bodies decodes them, as export does.
+    for args in [&["summarize", path, "--where", "body.type=x"][..], &["export", path]] {
+        let o = run(args);
+        assert_exit(&o, 1);
+        let err = assert_one_line_error(&o);
+        assert!(err.contains("body.jsonl:4:") && err.contains("base64"), "{err}");
+    }
+}
+
+#[test]
 fn blank_lines_are_ignored() {
     let dir = tempfile::tempdir().unwrap();
     let lines = sample_lines();

@@ -21,7 +21,7 @@ use super::{
     Sink,
 };
 use crate::error::{Error, Result};
-use crate::model::DeadLetter;
+use crate::model::{DeadLetter, Keep};
 use crate::target::ArchiveTarget;
 
 const READ_BUFFER: usize = 256 * 1024;
@@ -29,6 +29,7 @@ const READ_BUFFER: usize = 256 * 1024;
 pub struct ArchiveBroker {
     target: ArchiveTarget,
     skip_invalid: bool,
+    keep: Keep,
     skipped: AtomicU64,
     first_skipped_line: AtomicU64,
     consumer: tokio::sync::Mutex<Option<Consumer>>,
@@ -51,6 +52,7 @@ impl ArchiveBroker {
         Ok(ArchiveBroker {
             target,
             skip_invalid: options.skip_invalid,
+            keep: Keep { bodies: options.bodies, headers: options.headers },
             skipped: AtomicU64::new(0),
             first_skipped_line: AtomicU64::new(0),
             consumer: tokio::sync::Mutex::new(None),
@@ -84,7 +86,7 @@ impl ArchiveBroker {
                 Box::new(BufReader::with_capacity(READ_BUFFER, file))
             }
         };
-        Ok(LineReader { input, name: self.name(), line_no: 0, buf: Vec::with_capacity(4096) })
+        Ok(LineReader { input, name: self.name(), keep: self.keep, line_no: 0, buf: Vec::with_capacity(4096) })
     }
 
     /// The next dead letter, honouring `--skip-invalid`.
@@ -113,6 +115,7 @@ fn open_error(path: &Path, e: std::io::Error) -> Error {
 struct LineReader {
     input: Box<dyn AsyncBufRead + Unpin + Send>,
     name: String,
+    keep: Keep,
     line_no: u64,
     buf: Vec<u8>,
 }
@@ -135,7 +138,7 @@ impl LineReader {
             if line.is_empty() {
                 continue;
             }
-            return Some(serde_json::from_slice::<DeadLetter>(line).map(|letter| (index, letter)).map_err(|e| {
+            return Some(DeadLetter::from_archive_line(line, self.keep).map(|letter| (index, letter)).map_err(|e| {
                 Error::InvalidRecord {
                     source_name: self.name.clone(),
                     line: index + 1,
