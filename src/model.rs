@@ -1005,10 +1005,7 @@ impl DeadLetter {
             B: LinePart<Option<String>> + for<'de> Deserialize<'de> + Default,
             H: LinePart<Headers> + for<'de> Deserialize<'de> + Default,
         {
-            let mut d = serde_json::Deserializer::from_slice(line);
-            let letter = ArchiveLine::<B, H>::deserialize(&mut d)?.into_letter()?;
-            d.end()?;
-            Ok(letter)
+            serde_json::from_slice::<ArchiveLine<B, H>>(line)?.into_letter()
         }
         match (keep.bodies, keep.headers) {
             (true, true) => read::<Option<String>, Headers>(line),

@@ -521,15 +521,12 @@ impl<'a> Raw<'a> {
             // SAFETY: printable ASCII is valid UTF-8.
             return Raw::Text(unsafe { std::str::from_utf8_unchecked(bytes) });
         }
-        // Binary numbers (Spring's partition and offset) hold an ASCII control byte: bytes
-        // whether or not they are also valid UTF-8.
-        if bytes.iter().any(|&b| is_ascii_control(b)) {
+        // Checked before UTF-8: binary numbers (Spring's partition and offset) hold a control
+        // byte, and are bytes whether or not they are also valid UTF-8.
+        if has_control_character(bytes) {
             return Raw::Bytes(bytes);
         }
-        match std::str::from_utf8(bytes) {
-            Ok(s) if !has_control_character(s) => Raw::Text(s),
-            _ => Raw::Bytes(bytes),
-        }
+        std::str::from_utf8(bytes).map_or(Raw::Bytes(bytes), Raw::Text)
     }
 
     fn view(self) -> ValueView<'a> {
@@ -757,20 +754,17 @@ fn is_printable_ascii(bytes: &[u8]) -> bool {
     bytes.iter().fold(true, |printable, &b| printable & matches!(b, b' '..=b'~'))
 }
 
-/// Whether `s` holds a control character other than tab and line breaks, read off the bytes
-/// instead of decoding every char: C0 controls and DEL are single bytes, and the C1 ones
-/// (U+0080 to U+009F) are encoded 0xC2 0x80 to 0xC2 0x9F.
-fn has_control_character(s: &str) -> bool {
-    let bytes = s.as_bytes();
+/// Whether UTF-8 `bytes` hold a control character other than tab and line breaks, read off the
+/// bytes instead of decoding every char: C0 controls and DEL are single bytes, and the C1 ones
+/// (U+0080 to U+009F) are encoded 0xC2 0x80 to 0xC2 0x9F. Bytes that are not UTF-8 may be
+/// either way; their value is bytes regardless.
+fn has_control_character(bytes: &[u8]) -> bool {
     bytes.iter().enumerate().any(|(i, &b)| match b {
+        b'\t' | b'\n' | b'\r' => false,
+        0..0x20 | 0x7f => true,
         0xc2 => bytes.get(i + 1).is_some_and(|&next| next < 0xa0),
-        b => is_ascii_control(b),
+        _ => false,
     })
-}
-
-/// A C0 control or DEL, other than tab and line breaks.
-fn is_ascii_control(b: u8) -> bool {
-    matches!(b, 0..0x09 | 0x0b | 0x0c | 0x0e..0x20 | 0x7f)
 }
 
 fn value_bytes(value: &Value) -> Vec<u8> {
@@ -1318,7 +1312,7 @@ mod tests {
             ["", "orders", "a\tb\r\n", "é", "\u{a0}", "¿", "日本", "\u{10ffff}"].map(str::to_owned).into();
         cases.extend((0..=0x2000u32).filter_map(char::from_u32).map(|c| format!("x{c}y")));
         for s in &cases {
-            assert_eq!(has_control_character(s), by_chars(s), "{s:?}");
+            assert_eq!(has_control_character(s.as_bytes()), by_chars(s), "{s:?}");
         }
     }
 
