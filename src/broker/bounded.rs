@@ -302,7 +302,7 @@ mod tests {
         let mut ids = Vec::new();
         let outcome = bounded
             .peek_each(None, &mut |letter| {
-                ids.push(letter.id.to_owned());
+                ids.push(letter.id.as_str().to_owned());
                 std::thread::sleep(visit_takes);
                 Ok(())
             })

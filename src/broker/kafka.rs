@@ -35,7 +35,8 @@ use super::{
 use crate::error::{Error, Result};
 use crate::lint::{Inventory, QueueFacts};
 use crate::model::{
-    BrokerKind, DeadLetter, Headers, HeadersView, LetterView, Name, Reason, ReasonKind, Source, Value, ValueView,
+    AsciiClass, BrokerKind, DeadLetter, Headers, HeadersView, LetterView, Name, Reason, ReasonKind, Source, Text,
+    Value, ValueView,
 };
 use crate::target::KafkaTarget;
 
@@ -308,8 +309,8 @@ impl KafkaBroker {
         settled
     }
 
-    /// A record as a dead letter, still in librdkafka's buffers.
-    fn record_letter<'a>(&self, m: &'a impl Message) -> RecordLetter<'a> {
+    /// A record as a dead letter, still in librdkafka's buffers; its id is written into `id`.
+    fn record_letter<'a>(&self, m: &'a impl Message, mut id: String) -> RecordLetter<'a> {
         let time = m.timestamp().to_millis().and_then(|ms| Utc.timestamp_millis_opt(ms).single());
         let (headers, extras, decoded) = match m.headers() {
             Some(record) if self.options.headers => {
@@ -324,8 +325,15 @@ impl KafkaBroker {
         // `topic-partition@offset`, without the formatting machinery (a tenth of a summarize's
         // own work when written with format!).
         let (mut partition, mut offset) = (itoa::Buffer::new(), itoa::Buffer::new());
+        let parts = [topic, "-", partition.format(m.partition()), "@", offset.format(m.offset())];
+        id.clear();
+        id.reserve(parts.iter().map(|part| part.len()).sum());
+        parts.iter().for_each(|part| id.push_str(part));
         RecordLetter {
-            id: [topic, "-", partition.format(m.partition()), "@", offset.format(m.offset())].concat(),
+            id,
+            // Kafka allows only plain names, but a broker need not check: one short pass
+            // decides for the topic and the id built on it.
+            topic_is_plain: AsciiClass::of(topic.as_bytes()) == AsciiClass::Plain,
             topic,
             decoded,
             time,
@@ -336,7 +344,7 @@ impl KafkaBroker {
     }
 
     fn normalize(&self, m: &impl Message) -> DeadLetter {
-        self.record_letter(m).into_letter()
+        self.record_letter(m, String::new()).into_letter()
     }
 
     /// A read of the DLT (`peek`, `peek_each`): unsettled records only, counted for the note.
@@ -479,15 +487,19 @@ fn record_headers(headers: &Headers) -> OwnedHeaders {
 type Firsts<T> = [Option<Option<T>>; FRAMEWORK_NAMES.len()];
 
 /// A record's headers as a letter shows them, and the failure they describe, in one pass.
-fn letter_headers<'a>(record: &'a impl rdkafka::message::Headers) -> (Vec<(&'a str, ValueView<'a>)>, Decoded) {
+fn letter_headers<'a>(record: &'a impl rdkafka::message::Headers) -> (Vec<(Text<'a>, ValueView<'a>)>, Decoded) {
     let mut headers = Vec::with_capacity(record.count());
     let mut firsts: Firsts<Raw> = [None; FRAMEWORK_NAMES.len()];
     for h in record.iter() {
         let value = h.value.map(Raw::of);
-        if let Some(i) = framework_index(h.key) {
-            firsts[i].get_or_insert(value);
-        }
-        headers.push((h.key, value.map_or(ValueView::Null, Raw::view)));
+        let name = match framework_index(h.key) {
+            Some(i) => {
+                firsts[i].get_or_insert(value);
+                Text::plain(h.key)
+            }
+            None => Text::new(h.key),
+        };
+        headers.push((name, value.map_or(ValueView::Null, Raw::view)));
     }
     (headers, decode_failure(|i| firsts[i].flatten()))
 }
@@ -507,7 +519,7 @@ fn decode_record_headers(record: &impl rdkafka::message::Headers) -> Decoded {
 /// A header value of a record, as the decoder and a letter see it.
 #[derive(Clone, Copy)]
 enum Raw<'a> {
-    Text(&'a str),
+    Text(Text<'a>),
     Bytes(&'a [u8]),
 }
 
@@ -515,18 +527,21 @@ impl<'a> Raw<'a> {
     /// Kafka header values are bytes: text when it is printable UTF-8, bytes otherwise (a
     /// big-endian partition number is valid UTF-8 but not text).
     fn of(bytes: &'a [u8]) -> Self {
-        // Most values are printable ASCII, which one pass without branches tells; std's UTF-8
-        // check, needed only for the rest, took 130 instructions on each short value.
-        if is_printable_ascii(bytes) {
+        // Most values are printable ASCII, which one pass without branches tells, and whether
+        // JSON escapes them; std's UTF-8 check, needed only for the rest, took 130
+        // instructions on each short value.
+        let class = AsciiClass::of(bytes);
+        if class != AsciiClass::Other {
             // SAFETY: printable ASCII is valid UTF-8.
-            return Raw::Text(unsafe { std::str::from_utf8_unchecked(bytes) });
+            let text = unsafe { std::str::from_utf8_unchecked(bytes) };
+            return Raw::Text(if class == AsciiClass::Plain { Text::plain(text) } else { Text::new(text) });
         }
         // Checked before UTF-8: binary numbers (Spring's partition and offset) hold a control
         // byte, and are bytes whether or not they are also valid UTF-8.
         if has_control_character(bytes) {
             return Raw::Bytes(bytes);
         }
-        std::str::from_utf8(bytes).map_or(Raw::Bytes(bytes), Raw::Text)
+        std::str::from_utf8(bytes).map_or(Raw::Bytes(bytes), |text| Raw::Text(Text::new(text)))
     }
 
     fn view(self) -> ValueView<'a> {
@@ -542,20 +557,22 @@ impl<'a> Raw<'a> {
 struct RecordLetter<'a> {
     id: String,
     topic: &'a str,
+    topic_is_plain: bool,
     decoded: Decoded,
     time: Option<DateTime<Utc>>,
     /// Both empty when the read keeps no headers (summarize).
-    headers: Vec<(&'a str, ValueView<'a>)>,
+    headers: Vec<(Text<'a>, ValueView<'a>)>,
     extras: Extras<'a>,
     body: Option<&'a [u8]>,
 }
 
 impl RecordLetter<'_> {
     fn view(&self) -> LetterView<'_> {
+        let text = |s| if self.topic_is_plain { Text::plain(s) } else { Text::new(s) };
         LetterView {
-            id: &self.id,
+            id: text(&self.id),
             broker: Some(BrokerKind::Kafka),
-            dlq: Some(self.topic),
+            dlq: Some(text(self.topic)),
             source: &self.decoded.source,
             reason: &self.decoded.reason,
             failure_count: None,
@@ -579,8 +596,12 @@ impl RecordLetter<'_> {
             first_failed_at: None,
             last_failed_at: self.time,
             enqueued_at: None,
-            headers: self.headers.into_iter().map(|(name, value)| (header_name(name), Value::from(value))).collect(),
-            extras: self.extras.as_slice().iter().map(|&(name, value)| (name, Value::from(value))).collect(),
+            headers: self
+                .headers
+                .into_iter()
+                .map(|(name, value)| (header_name(name.as_str()), Value::from(value)))
+                .collect(),
+            extras: self.extras.as_slice().iter().map(|&(name, value)| (name.as_str(), Value::from(value))).collect(),
             body: self.body.map(<[u8]>::to_vec),
         }
     }
@@ -592,14 +613,14 @@ impl RecordLetter<'_> {
 /// big-endian) or as text (Connect, older Spring).
 fn decode_failure<'a>(get: impl Fn(usize) -> Option<Raw<'a>>) -> Decoded {
     let text = |place: usize| match get(place)? {
-        Raw::Text(s) => Some(s.to_owned()),
+        Raw::Text(s) => Some(s.as_str().to_owned()),
         Raw::Bytes(b) => std::str::from_utf8(b).ok().map(str::to_owned),
     };
     let number = |place: usize| -> Option<i64> {
         match get(place)? {
             Raw::Bytes(b) if b.len() == 4 => Some(i64::from(i32::from_be_bytes(b.try_into().ok()?))),
             Raw::Bytes(b) if b.len() == 8 => Some(i64::from_be_bytes(b.try_into().ok()?)),
-            Raw::Text(s) => s.trim().parse().ok(),
+            Raw::Text(s) => s.as_str().trim().parse().ok(),
             Raw::Bytes(_) => None,
         }
     };
@@ -707,7 +728,7 @@ const FRAMEWORK_NAMES: [&str; 24] = [
 /// At most four, kept on the stack.
 #[derive(Default)]
 struct Extras<'a> {
-    pairs: [(&'static str, ValueView<'a>); 4],
+    pairs: [(Text<'static>, ValueView<'a>); 4],
     len: usize,
 }
 
@@ -718,18 +739,18 @@ impl<'a> Extras<'a> {
             extras.pairs[extras.len] = pair;
             extras.len += 1;
         };
-        push(("partition", ValueView::Int(i64::from(m.partition()))));
-        push(("offset", ValueView::Int(m.offset())));
+        push((Text::plain("partition"), ValueView::Int(i64::from(m.partition()))));
+        push((Text::plain("offset"), ValueView::Int(m.offset())));
         if let Some(t) = time {
-            push(("timestamp", ValueView::Timestamp(t)));
+            push((Text::plain("timestamp"), ValueView::Timestamp(t)));
         }
         if let Some(key) = m.key() {
-            push(("key", Raw::of(key).view()));
+            push((Text::plain("key"), Raw::of(key).view()));
         }
         extras
     }
 
-    fn as_slice(&self) -> &[(&'static str, ValueView<'a>)] {
+    fn as_slice(&self) -> &[(Text<'static>, ValueView<'a>)] {
         &self.pairs[..self.len]
     }
 }
@@ -747,11 +768,6 @@ fn framework_index(key: &str) -> Option<usize> {
     } else {
         None
     }
-}
-
-/// Whether every byte is printable ASCII, in one pass without branches.
-fn is_printable_ascii(bytes: &[u8]) -> bool {
-    bytes.iter().fold(true, |printable, &b| printable & matches!(b, b' '..=b'~'))
 }
 
 /// Whether UTF-8 `bytes` hold a control character other than tab and line breaks, read off the
@@ -863,11 +879,19 @@ impl Broker for KafkaBroker {
         .boxed())
     }
 
-    /// Each record shown where librdkafka holds it: no body or header is copied.
+    /// Each record shown where librdkafka holds it: no body or header is copied, and one
+    /// buffer holds each id in turn.
     async fn peek_each(&self, limit: Option<u64>, visit: &mut Visit<'_>) -> Result<()> {
         let mut reader = self.start_read().await?;
+        let mut id = String::new();
         for _ in 0..limit.unwrap_or(u64::MAX) {
-            let Some(next) = reader.next(|m| visit(&self.record_letter(m).view())).await else {
+            let shown = |m: &BorrowedMessage<'_>| {
+                let letter = self.record_letter(m, std::mem::take(&mut id));
+                let seen = visit(&letter.view());
+                id = letter.id;
+                seen
+            };
+            let Some(next) = reader.next(shown).await else {
                 self.read_ended(&reader);
                 break;
             };
@@ -1274,6 +1298,7 @@ mod tests {
         let letter = RecordLetter {
             id: String::new(),
             topic: "orders.DLT",
+            topic_is_plain: true,
             decoded: Decoded::default(),
             time: None,
             headers: letter_headers(&original).0,
@@ -1297,10 +1322,10 @@ mod tests {
         assert_eq!(
             headers,
             [
-                ("seq", ValueView::Text("1")),
-                ("tenant", ValueView::Null),
-                ("kafka_dlt-original-partition", ValueView::Bytes(&[0, 0, 0, 7])),
-                ("seq", ValueView::Text("2")),
+                (Text::new("seq"), ValueView::Text(Text::new("1"))),
+                (Text::new("tenant"), ValueView::Null),
+                (Text::new("kafka_dlt-original-partition"), ValueView::Bytes(&[0, 0, 0, 7])),
+                (Text::new("seq"), ValueView::Text(Text::new("2"))),
             ]
         );
     }
@@ -1318,12 +1343,19 @@ mod tests {
 
     #[test]
     fn header_values_are_text_only_when_printable() {
-        assert_eq!(Raw::of(b"orders").view(), ValueView::Text("orders"));
+        assert_eq!(Raw::of(b"orders").view(), ValueView::Text(Text::new("orders")));
         assert_eq!(Raw::of(&[0, 0, 0, 2]).view(), ValueView::Bytes(&[0, 0, 0, 2]));
-        assert_eq!(Raw::of("a\tb é".as_bytes()).view(), ValueView::Text("a\tb é"));
+        assert_eq!(Raw::of("a\tb é".as_bytes()).view(), ValueView::Text(Text::new("a\tb é")));
         assert_eq!(Raw::of(b"a\x7fb").view(), ValueView::Bytes(b"a\x7fb"));
         assert_eq!(Raw::of(&[b'a', 0xff]).view(), ValueView::Bytes(&[b'a', 0xff]));
         assert_eq!(value_bytes(&Value::Bytes(vec![0, 0, 0, 2])), vec![0, 0, 0, 2]);
+    }
+
+    #[test]
+    fn framework_names_are_written_without_the_escaper() {
+        for name in FRAMEWORK_NAMES {
+            assert_eq!(AsciiClass::of(name.as_bytes()), AsciiClass::Plain, "{name}");
+        }
     }
 
     #[test]
