@@ -390,13 +390,14 @@ impl AsciiClass {
     pub fn of(bytes: &[u8]) -> Self {
         const ONES: u64 = u64::from_le_bytes([1; 8]);
         const HIGHS: u64 = ONES * 0x80;
-        let any_below = |word: u64, n: u8| word.wrapping_sub(ONES * u64::from(n)) & !word & HIGHS != 0;
-        let any_equal = |word: u64, b: u8| any_below(word ^ (ONES * u64::from(b)), 1);
-        let any_above_tilde = |word: u64| (word.wrapping_add(ONES) | word) & HIGHS != 0;
-        let (mut other, mut escaped) = (false, false);
+        // Each leaves a high bit set in the word if any byte is so, and only then.
+        let below = |word: u64, n: u8| word.wrapping_sub(ONES * u64::from(n)) & !word & HIGHS;
+        let equal = |word: u64, b: u8| below(word ^ (ONES * u64::from(b)), 1);
+        let above_tilde = |word: u64| (word.wrapping_add(ONES) | word) & HIGHS;
+        let (mut other, mut escaped) = (0, 0);
         let mut check = |word: u64| {
-            other |= any_below(word, b' ') | any_above_tilde(word);
-            escaped |= any_equal(word, b'"') | any_equal(word, b'\\');
+            other |= below(word, b' ') | above_tilde(word);
+            escaped |= equal(word, b'"') | equal(word, b'\\');
         };
         // Whole words, the last one overlapping the one before; shorter values padded with
         // spaces (bytes seen twice change no answer).
@@ -412,9 +413,9 @@ impl AsciiClass {
             }
         }
         match (other, escaped) {
-            (false, false) => AsciiClass::Plain,
-            (false, true) => AsciiClass::Printable,
-            (true, _) => AsciiClass::Other,
+            (0, 0) => AsciiClass::Plain,
+            (0, _) => AsciiClass::Printable,
+            _ => AsciiClass::Other,
         }
     }
 }

@@ -154,6 +154,12 @@ pub const PRODUCER_SETTINGS: [(&str, &str); 4] = [
 struct Reader {
     /// Shared with the blocking commit, which runs off the async thread.
     consumer: Arc<Detached<StreamConsumer>>,
+    /// The one topic read, as each letter shows it (the record's own name would be checked
+    /// as UTF-8 again for every record).
+    topic: String,
+    /// Kafka allows only plain names, but a broker need not check: one pass decides for the
+    /// read's topic and every id built on it.
+    topic_is_plain: bool,
     /// Per partition: the next offset wanted and the end (high watermark) to stop at.
     positions: BTreeMap<i32, (i64, i64)>,
     /// Offsets already settled by an earlier run (from commit metadata): skipped.
@@ -296,7 +302,7 @@ impl KafkaBroker {
             }
         }
         consumer.assign(&tpl).map_err(|e| Error::Runtime(format!("assigning {topic}: {e}")))?;
-        Ok(Reader { consumer: Arc::new(consumer), positions, skip })
+        Ok(Reader::new(consumer, topic, positions, skip))
     }
 
     /// Offsets settled beyond the committed one: what the commit metadata says, and what this
@@ -309,42 +315,34 @@ impl KafkaBroker {
         settled
     }
 
-    /// A record as a dead letter, still in librdkafka's buffers; its id is written into `id`.
-    fn record_letter<'a>(&self, m: &'a impl Message, mut id: String) -> RecordLetter<'a> {
+    /// A record as a dead letter, still in librdkafka's buffers; what it owns is written
+    /// over `owned`.
+    fn record_letter<'a>(&self, m: &'a impl Message, topic: Topic<'a>, owned: &'a mut Owned) -> RecordLetter<'a> {
+        let Owned { id, decoded } = owned;
         let time = m.timestamp().to_millis().and_then(|ms| Utc.timestamp_millis_opt(ms).single());
-        let (headers, extras, decoded) = match m.headers() {
-            Some(record) if self.options.headers => {
-                let (headers, decoded) = letter_headers(record);
-                (headers, Extras::of(m, time), decoded)
+        let (headers, extras) = match m.headers() {
+            Some(record) if self.options.headers => (letter_headers(record, decoded), Extras::of(m, time)),
+            Some(record) => {
+                decode_record_headers(record, decoded);
+                (Vec::new(), Extras::default())
             }
-            Some(record) => (Vec::new(), Extras::default(), decode_record_headers(record)),
-            None if self.options.headers => (Vec::new(), Extras::of(m, time), Decoded::default()),
-            None => (Vec::new(), Extras::default(), Decoded::default()),
+            None => {
+                *decoded = Decoded::default();
+                (Vec::new(), if self.options.headers { Extras::of(m, time) } else { Extras::default() })
+            }
         };
-        let topic = m.topic();
         // `topic-partition@offset`, without the formatting machinery (a tenth of a summarize's
         // own work when written with format!).
         let (mut partition, mut offset) = (itoa::Buffer::new(), itoa::Buffer::new());
-        let parts = [topic, "-", partition.format(m.partition()), "@", offset.format(m.offset())];
+        let parts = [topic.name, "-", partition.format(m.partition()), "@", offset.format(m.offset())];
         id.clear();
         id.reserve(parts.iter().map(|part| part.len()).sum());
         parts.iter().for_each(|part| id.push_str(part));
-        RecordLetter {
-            id,
-            // Kafka allows only plain names, but a broker need not check: one short pass
-            // decides for the topic and the id built on it.
-            topic_is_plain: AsciiClass::of(topic.as_bytes()) == AsciiClass::Plain,
-            topic,
-            decoded,
-            time,
-            headers,
-            extras,
-            body: if self.options.bodies { m.payload() } else { None },
-        }
+        RecordLetter { owned, topic, time, headers, extras, body: if self.options.bodies { m.payload() } else { None } }
     }
 
-    fn normalize(&self, m: &impl Message) -> DeadLetter {
-        self.record_letter(m, String::new()).into_letter()
+    fn normalize(&self, m: &impl Message, topic: Topic<'_>) -> DeadLetter {
+        self.record_letter(m, topic, &mut Owned::default()).into_letter()
     }
 
     /// A read of the DLT (`peek`, `peek_each`): unsettled records only, counted for the note.
@@ -388,6 +386,16 @@ impl KafkaBroker {
 }
 
 impl Reader {
+    fn new(
+        consumer: Detached<StreamConsumer>,
+        topic: &str,
+        positions: BTreeMap<i32, (i64, i64)>,
+        skip: BTreeMap<i32, BTreeSet<i64>>,
+    ) -> Self {
+        let topic_is_plain = AsciiClass::of(topic.as_bytes()) == AsciiClass::Plain;
+        Reader { consumer: Arc::new(consumer), topic: topic.to_owned(), topic_is_plain, positions, skip }
+    }
+
     /// What a read that went quiet left unread, said so instead of passing for a complete read.
     fn short_of_the_end(&self) -> Vec<String> {
         self.positions
@@ -407,7 +415,7 @@ impl Reader {
     /// while librdkafka still owns it (copying it out first would double the read's work).
     async fn next<T>(
         &mut self,
-        f: impl FnOnce(&BorrowedMessage<'_>) -> T,
+        f: impl FnOnce(&BorrowedMessage<'_>, Topic<'_>) -> T,
     ) -> Option<std::result::Result<T, KafkaError>> {
         loop {
             if self.positions.values().all(|(next, end)| next >= end) {
@@ -429,7 +437,7 @@ impl Reader {
             if self.skip.get(&p).is_some_and(|s| s.contains(&o)) {
                 continue;
             }
-            return Some(Ok(f(&message)));
+            return Some(Ok(f(&message, Topic { name: &self.topic, plain: self.topic_is_plain })));
         }
     }
 }
@@ -471,7 +479,9 @@ pub struct Decoded {
 /// A letter's failure headers decoded as the record carrying them would be: what a redrive's
 /// copy says when it dead-letters again (and the fuzz target's way in).
 pub fn decode_failure_headers(headers: &Headers) -> Decoded {
-    decode_record_headers(&record_headers(headers))
+    let mut decoded = Decoded::default();
+    decode_record_headers(&record_headers(headers), &mut decoded);
+    decoded
 }
 
 /// A letter's headers as a record carries them.
@@ -486,8 +496,12 @@ fn record_headers(headers: &Headers) -> OwnedHeaders {
 /// inside: a null value), as [`crate::model::Headers::get`] finds the first.
 type Firsts<T> = [Option<Option<T>>; FRAMEWORK_NAMES.len()];
 
-/// A record's headers as a letter shows them, and the failure they describe, in one pass.
-fn letter_headers<'a>(record: &'a impl rdkafka::message::Headers) -> (Vec<(Text<'a>, ValueView<'a>)>, Decoded) {
+/// A record's headers as a letter shows them, and the failure they describe written over
+/// `decoded`, in one pass.
+fn letter_headers<'a>(
+    record: &'a impl rdkafka::message::Headers,
+    decoded: &mut Decoded,
+) -> Vec<(Text<'a>, ValueView<'a>)> {
     let mut headers = Vec::with_capacity(record.count());
     let mut firsts: Firsts<Raw> = [None; FRAMEWORK_NAMES.len()];
     for h in record.iter() {
@@ -501,19 +515,20 @@ fn letter_headers<'a>(record: &'a impl rdkafka::message::Headers) -> (Vec<(Text<
         };
         headers.push((name, value.map_or(ValueView::Null, Raw::view)));
     }
-    (headers, decode_failure(|i| firsts[i].flatten()))
+    decode_failure(|i| firsts[i].flatten(), decoded);
+    headers
 }
 
 /// The failure a record's headers describe, read straight off them for reads that keep no
 /// headers (summarize): none is converted or copied but the few the decoder takes.
-fn decode_record_headers(record: &impl rdkafka::message::Headers) -> Decoded {
+fn decode_record_headers(record: &impl rdkafka::message::Headers, decoded: &mut Decoded) {
     let mut firsts: Firsts<&[u8]> = [None; FRAMEWORK_NAMES.len()];
     for h in record.iter() {
         if let Some(i) = framework_index(h.key) {
             firsts[i].get_or_insert(h.value);
         }
     }
-    decode_failure(|i| firsts[i].flatten().map(Raw::of))
+    decode_failure(|i| firsts[i].flatten().map(Raw::of), decoded)
 }
 
 /// A header value of a record, as the decoder and a letter see it.
@@ -552,13 +567,34 @@ impl<'a> Raw<'a> {
     }
 }
 
+/// The topic a read is on, and whether JSON needs it escaped.
+#[derive(Clone, Copy)]
+struct Topic<'a> {
+    name: &'a str,
+    plain: bool,
+}
+
+impl<'a> Topic<'a> {
+    /// `text` (the topic, or an id built on it) escaped as the topic must be.
+    fn text(self, text: &'a str) -> Text<'a> {
+        if self.plain { Text::plain(text) } else { Text::new(text) }
+    }
+}
+
+/// What a [`RecordLetter`] owns, kept from one record's letter to the next by a read that
+/// shows each and drops it: a record then allocates none of it.
+#[derive(Default)]
+struct Owned {
+    id: String,
+    decoded: Decoded,
+}
+
 /// A record as a dead letter, its headers and body still in librdkafka's buffers: `peek_each`
 /// shows it as it is, `normalize` copies it into a letter.
 struct RecordLetter<'a> {
-    id: String,
-    topic: &'a str,
-    topic_is_plain: bool,
-    decoded: Decoded,
+    /// The id and the decoded failure.
+    owned: &'a mut Owned,
+    topic: Topic<'a>,
     time: Option<DateTime<Utc>>,
     /// Both empty when the read keeps no headers (summarize).
     headers: Vec<(Text<'a>, ValueView<'a>)>,
@@ -568,13 +604,12 @@ struct RecordLetter<'a> {
 
 impl RecordLetter<'_> {
     fn view(&self) -> LetterView<'_> {
-        let text = |s| if self.topic_is_plain { Text::plain(s) } else { Text::new(s) };
         LetterView {
-            id: text(&self.id),
+            id: self.topic.text(&self.owned.id),
             broker: Some(BrokerKind::Kafka),
-            dlq: Some(text(self.topic)),
-            source: &self.decoded.source,
-            reason: &self.decoded.reason,
+            dlq: Some(self.topic.text(self.topic.name)),
+            source: &self.owned.decoded.source,
+            reason: &self.owned.decoded.reason,
             failure_count: None,
             first_failed_at: None,
             last_failed_at: self.time,
@@ -586,12 +621,13 @@ impl RecordLetter<'_> {
     }
 
     fn into_letter(self) -> DeadLetter {
+        let Owned { id, decoded } = std::mem::take(self.owned);
         DeadLetter {
-            id: self.id,
+            id,
             broker: Some(BrokerKind::Kafka),
-            dlq: Some(self.topic.to_owned()),
-            source: self.decoded.source,
-            reason: self.decoded.reason,
+            dlq: Some(self.topic.name.to_owned()),
+            source: decoded.source,
+            reason: decoded.reason,
             failure_count: None,
             first_failed_at: None,
             last_failed_at: self.time,
@@ -610,11 +646,12 @@ impl RecordLetter<'_> {
 /// Decode Spring Kafka's `kafka_dlt-*` headers (value side, else key side) or Kafka
 /// Connect's `__connect.errors.*`, each asked for through `get` by its place in
 /// [`FRAMEWORK_NAMES`]. Partition and offset are accepted as Spring writes them (4- and 8-byte
-/// big-endian) or as text (Connect, older Spring).
-fn decode_failure<'a>(get: impl Fn(usize) -> Option<Raw<'a>>) -> Decoded {
+/// big-endian) or as text (Connect, older Spring). Written over `into` (the previous record's
+/// failure, for a read that shows each letter and drops it), in the strings it already has.
+fn decode_failure<'a>(get: impl Fn(usize) -> Option<Raw<'a>>, into: &mut Decoded) {
     let text = |place: usize| match get(place)? {
-        Raw::Text(s) => Some(s.as_str().to_owned()),
-        Raw::Bytes(b) => std::str::from_utf8(b).ok().map(str::to_owned),
+        Raw::Text(s) => Some(s.as_str()),
+        Raw::Bytes(b) => std::str::from_utf8(b).ok(),
     };
     let number = |place: usize| -> Option<i64> {
         match get(place)? {
@@ -625,13 +662,16 @@ fn decode_failure<'a>(get: impl Fn(usize) -> Option<Raw<'a>>) -> Decoded {
         }
     };
     // The value side's headers, else the key side's: [class, cause class, message], shown prefix.
-    let spring = |places: [usize; 3], prefix: &str| {
-        text(places[0]).map(|class| Reason {
-            raw: Some([prefix, class.as_str()].concat()),
-            exception_class: Some(class),
+    let spring = |places: [usize; 3], prefix| {
+        text(places[0]).map(|class| FailureText {
+            prefix,
+            class: Some(class),
             cause_class: text(places[1]),
             message: text(places[2]),
-            ..Reason::new(ReasonKind::Exception)
+            topic: text(const { at("kafka_dlt-original-topic") }),
+            partition: number(const { at("kafka_dlt-original-partition") }),
+            offset: number(const { at("kafka_dlt-original-offset") }),
+            ..FailureText::default()
         })
     };
     let value_side = const {
@@ -644,35 +684,64 @@ fn decode_failure<'a>(get: impl Fn(usize) -> Option<Raw<'a>>) -> Decoded {
             at("kafka_dlt-key-exception-message"),
         ]
     };
-    if let Some(reason) = spring(value_side, "").or_else(|| spring(key_side, "key: ")) {
-        return Decoded {
-            reason,
-            source: Source {
-                name: text(const { at("kafka_dlt-original-topic") }),
-                partition: number(const { at("kafka_dlt-original-partition") }).and_then(|p| i32::try_from(p).ok()),
-                offset: number(const { at("kafka_dlt-original-offset") }),
-                ..Source::default()
-            },
-        };
+    let connect = || {
+        text(const { at("__connect.errors.exception.class.name") }).map(|class| FailureText {
+            class: Some(class),
+            message: text(const { at("__connect.errors.exception.message") }),
+            code: text(const { at("__connect.errors.stage") }),
+            topic: text(const { at("__connect.errors.topic") }),
+            partition: number(const { at("__connect.errors.partition") }),
+            offset: number(const { at("__connect.errors.offset") }),
+            ..FailureText::default()
+        })
+    };
+    let found = spring(value_side, "").or_else(|| spring(key_side, "key: ")).or_else(connect).unwrap_or_default();
+    // Every field named: one added to the model cannot keep an earlier record's value.
+    let Decoded {
+        reason: Reason { kind, raw, code, exception_class, cause_class, message },
+        source: Source { name, address, exchange, routing_keys, partition, offset },
+    } = into;
+    *kind = if found.class.is_some() { ReasonKind::Exception } else { ReasonKind::default() };
+    refill(raw, found.class);
+    if let Some(raw) = raw.as_mut().filter(|_| !found.prefix.is_empty()) {
+        raw.insert_str(0, found.prefix);
     }
-    if let Some(class) = text(const { at("__connect.errors.exception.class.name") }) {
-        return Decoded {
-            reason: Reason {
-                raw: Some(class.clone()),
-                exception_class: Some(class),
-                message: text(const { at("__connect.errors.exception.message") }),
-                code: text(const { at("__connect.errors.stage") }),
-                ..Reason::new(ReasonKind::Exception)
-            },
-            source: Source {
-                name: text(const { at("__connect.errors.topic") }),
-                partition: number(const { at("__connect.errors.partition") }).and_then(|p| i32::try_from(p).ok()),
-                offset: number(const { at("__connect.errors.offset") }),
-                ..Source::default()
-            },
-        };
+    refill(exception_class, found.class);
+    refill(cause_class, found.cause_class);
+    refill(message, found.message);
+    refill(code, found.code);
+    refill(name, found.topic);
+    *address = None;
+    *exchange = None;
+    routing_keys.clear();
+    *partition = found.partition.and_then(|p| i32::try_from(p).ok());
+    *offset = found.offset;
+}
+
+/// A failure as its headers tell it, borrowed from them.
+#[derive(Default)]
+struct FailureText<'a> {
+    /// Shown before the class in the reason's raw text: which side failed.
+    prefix: &'static str,
+    class: Option<&'a str>,
+    cause_class: Option<&'a str>,
+    message: Option<&'a str>,
+    code: Option<&'a str>,
+    topic: Option<&'a str>,
+    partition: Option<i64>,
+    offset: Option<i64>,
+}
+
+/// `slot` set to `value`, in the string it already holds where it holds one.
+fn refill(slot: &mut Option<String>, value: Option<&str>) {
+    match value {
+        Some(value) => {
+            let text = slot.get_or_insert_default();
+            text.clear();
+            text.push_str(value);
+        }
+        None => *slot = None,
     }
-    Decoded::default()
 }
 
 /// Where `name` is in [`FRAMEWORK_NAMES`], found while compiling: the decoder asks for each
@@ -868,7 +937,7 @@ impl Broker for KafkaBroker {
             if remaining == 0 {
                 return None;
             }
-            let Some(next) = reader.next(|m| self.normalize(m)).await else {
+            let Some(next) = reader.next(|m, topic| self.normalize(m, topic)).await else {
                 self.read_ended(&reader);
                 return None;
             };
@@ -879,18 +948,14 @@ impl Broker for KafkaBroker {
         .boxed())
     }
 
-    /// Each record shown where librdkafka holds it: no body or header is copied, and one
-    /// buffer holds each id in turn.
+    /// Each record shown where librdkafka holds it: no body or header is copied, and the
+    /// strings a letter owns are the previous letter's, written over.
     async fn peek_each(&self, limit: Option<u64>, visit: &mut Visit<'_>) -> Result<()> {
         let mut reader = self.start_read().await?;
-        let mut id = String::new();
+        let mut owned = Owned::default();
         for _ in 0..limit.unwrap_or(u64::MAX) {
-            let shown = |m: &BorrowedMessage<'_>| {
-                let letter = self.record_letter(m, std::mem::take(&mut id));
-                let seen = visit(&letter.view());
-                id = letter.id;
-                seen
-            };
+            let shown =
+                |m: &BorrowedMessage<'_>, topic: Topic<'_>| visit(&self.record_letter(m, topic, &mut owned).view());
             let Some(next) = reader.next(shown).await else {
                 self.read_ended(&reader);
                 break;
@@ -919,7 +984,10 @@ impl Broker for KafkaBroker {
         let reader = slot.as_mut().expect("set above");
         let mut out = Vec::with_capacity(max);
         while out.len() < max {
-            let Some(next) = reader.next(|m| ((m.partition(), m.offset()), self.normalize(m))).await else { break };
+            let Some(next) = reader.next(|m, topic| ((m.partition(), m.offset()), self.normalize(m, topic))).await
+            else {
+                break;
+            };
             let (position, letter) = next.map_err(|e| Error::Runtime(format!("reading {}: {e}", self.shown)))?;
             out.push(Received { handle: self.handed.issue(position), letter });
         }
@@ -1105,12 +1173,13 @@ impl KafkaBroker {
             return (None, Vec::new());
         }
         // From each partition's first retained record to its end.
-        let mut reader = Reader { consumer: Arc::new(consumer), positions: marks.clone(), skip: BTreeMap::new() };
+        let mut reader = Reader::new(consumer, topic, marks.clone(), BTreeMap::new());
         let mut oldest: Option<chrono::DateTime<Utc>> = None;
         let mut sources = BTreeSet::new();
         let want = if with_sources { SOURCE_SAMPLE } else { marks.len() };
         for _ in 0..want {
-            let Some(Ok((partition, letter))) = reader.next(|m| (m.partition(), self.normalize(m))).await else {
+            let Some(Ok((partition, letter))) = reader.next(|m, topic| (m.partition(), self.normalize(m, topic))).await
+            else {
                 break;
             };
             if let Some(t) = letter.last_failed_at {
@@ -1220,11 +1289,43 @@ mod tests {
     }
 
     /// What a record's headers decode to, held the same whether the letter keeps its headers
-    /// (export) or not (summarize).
+    /// (export) or not (summarize), and whether or not it is written over a previous
+    /// letter's, every field of which was set.
     fn decoded(headers: &[(&str, Option<&[u8]>)]) -> Decoded {
         let record = record(headers);
-        let in_place = decode_record_headers(&record);
-        assert_eq!(letter_headers(&record).1, in_place, "{headers:?}");
+        let decode = |into: &mut Decoded| {
+            decode_record_headers(&record, into);
+            std::mem::take(into)
+        };
+        let in_place = decode(&mut Decoded::default());
+        let old = || {
+            let old = Some("old".to_owned());
+            Decoded {
+                reason: Reason {
+                    kind: ReasonKind::Rejected,
+                    raw: old.clone(),
+                    code: old.clone(),
+                    exception_class: old.clone(),
+                    cause_class: old.clone(),
+                    message: old.clone(),
+                },
+                source: Source {
+                    name: old.clone(),
+                    address: old.clone(),
+                    exchange: old.clone(),
+                    routing_keys: vec!["old".into()],
+                    partition: Some(9),
+                    offset: Some(9),
+                },
+            }
+        };
+        let shown = |mut into: Decoded| {
+            letter_headers(&record, &mut into);
+            into
+        };
+        assert_eq!(decode(&mut old()), in_place, "{headers:?}");
+        assert_eq!(shown(Decoded::default()), in_place, "{headers:?}");
+        assert_eq!(shown(old()), in_place, "{headers:?}");
         in_place
     }
 
@@ -1296,17 +1397,17 @@ mod tests {
             ("tenant", None),
         ]);
         let letter = RecordLetter {
-            id: String::new(),
-            topic: "orders.DLT",
-            topic_is_plain: true,
-            decoded: Decoded::default(),
+            headers: letter_headers(&original, &mut Decoded::default()),
+            owned: &mut Owned::default(),
+            topic: Topic { name: "orders.DLT", plain: true },
             time: None,
-            headers: letter_headers(&original).0,
             extras: Extras::default(),
             body: None,
         }
         .into_letter();
-        assert_eq!(decode_failure_headers(&letter.headers), decode_record_headers(&original));
+        let mut decoded = Decoded::default();
+        decode_record_headers(&original, &mut decoded);
+        assert_eq!(decode_failure_headers(&letter.headers), decoded);
         assert_eq!(decode_failure_headers(&letter.headers).source.partition, Some(7));
     }
 
@@ -1318,7 +1419,7 @@ mod tests {
             ("kafka_dlt-original-partition", Some(&7i32.to_be_bytes())),
             ("seq", Some(b"2")),
         ]);
-        let (headers, _) = letter_headers(&record);
+        let headers = letter_headers(&record, &mut Decoded::default());
         assert_eq!(
             headers,
             [
