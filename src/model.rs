@@ -922,9 +922,10 @@ impl LetterView<'_> {
     /// Appends the letter as one JSON object: the archive's line. Written by hand, not by
     /// serde_json, which spent 150 instructions on each of a line's forty-odd short strings and
     /// escaped a body a byte at a time. Every string a broker gave goes through a SIMD escaper
-    /// (dlqctl's own names, tags and times need none) and the output is serde_json's own (a
-    /// unit test and the archive_line fuzz target hold it to what serde_json writes when it
-    /// reads the line and writes it again).
+    /// unless it is a [`Text`] already found to need none (dlqctl's own names, tags and times
+    /// need none either), and the output is serde_json's own (a unit test and the archive_line
+    /// fuzz target hold it to what serde_json writes when it reads the line and writes it
+    /// again).
     pub fn write_json(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(b"{\"schema\":");
         write_plain(out, SCHEMA);
