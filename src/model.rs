@@ -424,7 +424,7 @@ impl AsciiClass {
 /// without the escaper, whose set-up costs more than the copy on strings this short.
 fn write_plain(out: &mut Vec<u8>, s: impl AsRef<[u8]>) {
     let s = s.as_ref();
-    debug_assert!(!s.iter().any(|&b| b < 0x20 || b == b'"' || b == b'\\'), "{:?} needs escaping", s.escape_ascii());
+    debug_assert_eq!(AsciiClass::of(s), AsciiClass::Plain, "{:?} needs escaping", s.escape_ascii());
     out.push(b'"');
     out.extend_from_slice(s);
     out.push(b'"');
