@@ -1,4 +1,4 @@
-"""Medians of /usr/bin/time lines ("label wall user sys maxrss_kb messages"), as a Markdown table
+"""Medians of timed.py lines ("label wall user sys maxrss_kb messages"), as a Markdown table
 with messages/s, CPU seconds and peak RSS, then dlqctl's ratios to the broker's ceiling and to
 the peer script. Labels are WHO_JOB_BROKER: ceiling_read, ceiling_move, peer_export, lean_export,
 dlqctl_*."""
@@ -18,7 +18,7 @@ for label, rs in runs.items():
     n = rs[0][3]
     rate = n / wall if wall else 0
     rows[label] = (rate, cpu / max(n, 1))
-    print(f"| {label.replace('_', ' ')} | {len(rs)} | {n} | {wall:.2f} | {rate:,.0f} | {cpu:.2f} "
+    print(f"| {label.replace('_', ' ')} | {len(rs)} | {n} | {wall:.2f} | {rate:,.0f} | {cpu:.3f} "
           f"| {1e6 * cpu / max(n, 1):.1f} | {rss:.1f} |")
 print()
 
