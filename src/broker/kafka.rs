@@ -20,7 +20,9 @@ use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::config::ClientConfig;
 use rdkafka::config::RDKafkaLogLevel;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, StreamConsumer};
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, DefaultConsumerContext, MessageStream, StreamConsumer,
+};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
@@ -318,17 +320,21 @@ impl KafkaBroker {
     /// A record as a dead letter, still in librdkafka's buffers; what it owns is written
     /// over `owned`.
     fn record_letter<'a>(&self, m: &'a impl Message, topic: Topic<'a>, owned: &'a mut Owned) -> RecordLetter<'a> {
-        let Owned { id, decoded } = owned;
+        let Owned { id, decoded, headers: spare } = owned;
         let time = m.timestamp().to_millis().and_then(|ms| Utc.timestamp_millis_opt(ms).single());
-        let (headers, extras) = match m.headers() {
-            Some(record) if self.options.headers => (letter_headers(record, decoded), Extras::of(m, time)),
+        let mut headers = recycled(std::mem::take(spare));
+        let extras = match m.headers() {
+            Some(record) if self.options.headers => {
+                letter_headers(record, decoded, &mut headers);
+                Extras::of(m, time)
+            }
             Some(record) => {
                 decode_record_headers(record, decoded);
-                (Vec::new(), Extras::default())
+                Extras::default()
             }
             None => {
                 *decoded = Decoded::default();
-                (Vec::new(), if self.options.headers { Extras::of(m, time) } else { Extras::default() })
+                if self.options.headers { Extras::of(m, time) } else { Extras::default() }
             }
         };
         // `topic-partition@offset`, without the formatting machinery (a tenth of a summarize's
@@ -417,14 +423,26 @@ impl Reader {
         &mut self,
         f: impl FnOnce(&BorrowedMessage<'_>, Topic<'_>) -> T,
     ) -> Option<std::result::Result<T, KafkaError>> {
+        let consumer = Arc::clone(&self.consumer);
+        self.next_from(&mut consumer.stream(), f).await
+    }
+
+    /// As [`Reader::next`], from a stream of this reader's consumer kept for the whole read:
+    /// each new stream registers a waker and drops it again, 100 instructions a record.
+    async fn next_from<T>(
+        &mut self,
+        messages: &mut MessageStream<'_, DefaultConsumerContext>,
+        f: impl FnOnce(&BorrowedMessage<'_>, Topic<'_>) -> T,
+    ) -> Option<std::result::Result<T, KafkaError>> {
         loop {
             if self.positions.values().all(|(next, end)| next >= end) {
                 return None;
             }
-            let message = match ready_or_timeout(IDLE, self.consumer.recv()).await {
+            let message = match ready_or_timeout(IDLE, messages.next()).await {
+                Ok(None) => unreachable!("a consumer's stream never ends"),
                 Err(_) => return None,
-                Ok(Err(e)) => return Some(Err(e)),
-                Ok(Ok(m)) => m,
+                Ok(Some(Err(e))) => return Some(Err(e)),
+                Ok(Some(Ok(m))) => m,
             };
             let (p, o) = (message.partition(), message.offset());
             let Some((next, end)) = self.positions.get_mut(&p) else { continue };
@@ -496,13 +514,14 @@ fn record_headers(headers: &Headers) -> OwnedHeaders {
 /// inside: a null value), as [`crate::model::Headers::get`] finds the first.
 type Firsts<T> = [Option<Option<T>>; FRAMEWORK_NAMES.len()];
 
-/// A record's headers as a letter shows them, and the failure they describe written over
-/// `decoded`, in one pass.
+/// A record's headers as a letter shows them, appended to `headers`, and the failure they
+/// describe written over `decoded`, in one pass.
 fn letter_headers<'a>(
     record: &'a impl rdkafka::message::Headers,
     decoded: &mut Decoded,
-) -> Vec<(Text<'a>, ValueView<'a>)> {
-    let mut headers = Vec::with_capacity(record.count());
+    headers: &mut Vec<(Text<'a>, ValueView<'a>)>,
+) {
+    headers.reserve(record.count());
     let mut firsts: Firsts<Raw> = [None; FRAMEWORK_NAMES.len()];
     for h in record.iter() {
         let value = h.value.map(Raw::of);
@@ -516,7 +535,6 @@ fn letter_headers<'a>(
         headers.push((name, value.map_or(ValueView::Null, Raw::view)));
     }
     decode_failure(|i| firsts[i].flatten(), decoded);
-    headers
 }
 
 /// The failure a record's headers describe, read straight off them for reads that keep no
@@ -587,6 +605,16 @@ impl<'a> Topic<'a> {
 struct Owned {
     id: String,
     decoded: Decoded,
+    /// Empty: the allocation the next record's headers are listed in.
+    headers: Vec<(Text<'static>, ValueView<'static>)>,
+}
+
+/// `pairs` emptied, as a vector of pairs borrowed for another lifetime, in the same
+/// allocation: the standard library collects a vector mapped to a type of the same size in
+/// place, and nothing is left in it to outlive its borrow.
+fn recycled<'b>(mut pairs: Vec<(Text<'_>, ValueView<'_>)>) -> Vec<(Text<'b>, ValueView<'b>)> {
+    pairs.clear();
+    pairs.into_iter().map(|_| unreachable!("emptied")).collect()
 }
 
 /// A record as a dead letter, its headers and body still in librdkafka's buffers: `peek_each`
@@ -603,6 +631,12 @@ struct RecordLetter<'a> {
 }
 
 impl RecordLetter<'_> {
+    /// Done with: its header list's allocation is handed back for the next record.
+    fn shown(self) {
+        let RecordLetter { owned, headers, .. } = self;
+        owned.headers = recycled(headers);
+    }
+
     fn view(&self) -> LetterView<'_> {
         LetterView {
             id: self.topic.text(&self.owned.id),
@@ -621,7 +655,7 @@ impl RecordLetter<'_> {
     }
 
     fn into_letter(self) -> DeadLetter {
-        let Owned { id, decoded } = std::mem::take(self.owned);
+        let Owned { id, decoded, .. } = std::mem::take(self.owned);
         DeadLetter {
             id,
             broker: Some(BrokerKind::Kafka),
@@ -952,11 +986,17 @@ impl Broker for KafkaBroker {
     /// strings a letter owns are the previous letter's, written over.
     async fn peek_each(&self, limit: Option<u64>, visit: &mut Visit<'_>) -> Result<()> {
         let mut reader = self.start_read().await?;
+        let consumer = Arc::clone(&reader.consumer);
+        let mut messages = consumer.stream();
         let mut owned = Owned::default();
         for _ in 0..limit.unwrap_or(u64::MAX) {
-            let shown =
-                |m: &BorrowedMessage<'_>, topic: Topic<'_>| visit(&self.record_letter(m, topic, &mut owned).view());
-            let Some(next) = reader.next(shown).await else {
+            let shown = |m: &BorrowedMessage<'_>, topic: Topic<'_>| {
+                let letter = self.record_letter(m, topic, &mut owned);
+                let visited = visit(&letter.view());
+                letter.shown();
+                visited
+            };
+            let Some(next) = reader.next_from(&mut messages, shown).await else {
                 self.read_ended(&reader);
                 break;
             };
@@ -1320,7 +1360,7 @@ mod tests {
             }
         };
         let shown = |mut into: Decoded| {
-            letter_headers(&record, &mut into);
+            letter_headers(&record, &mut into, &mut Vec::new());
             into
         };
         assert_eq!(decode(&mut old()), in_place, "{headers:?}");
@@ -1397,7 +1437,7 @@ mod tests {
             ("tenant", None),
         ]);
         let letter = RecordLetter {
-            headers: letter_headers(&original, &mut Decoded::default()),
+            headers: listed(&original),
             owned: &mut Owned::default(),
             topic: Topic { name: "orders.DLT", plain: true },
             time: None,
@@ -1419,7 +1459,7 @@ mod tests {
             ("kafka_dlt-original-partition", Some(&7i32.to_be_bytes())),
             ("seq", Some(b"2")),
         ]);
-        let headers = letter_headers(&record, &mut Decoded::default());
+        let headers = listed(&record);
         assert_eq!(
             headers,
             [
@@ -1429,6 +1469,18 @@ mod tests {
                 (Text::new("seq"), ValueView::Text(Text::new("2"))),
             ]
         );
+        // As an export lists them: in the vector an earlier, longer record's were listed in.
+        let earlier = self::record(&[("a", Some(b"x")), ("b", None), ("c", Some(b"y")), ("d", None), ("e", None)]);
+        let mut reused = recycled(listed(&earlier));
+        letter_headers(&record, &mut Decoded::default(), &mut reused);
+        assert_eq!(reused, headers);
+    }
+
+    /// A record's headers as a letter lists them.
+    fn listed(record: &OwnedHeaders) -> Vec<(Text<'_>, ValueView<'_>)> {
+        let mut headers = Vec::new();
+        letter_headers(record, &mut Decoded::default(), &mut headers);
+        headers
     }
 
     #[test]
