@@ -632,7 +632,7 @@ struct RecordLetter<'a> {
 
 impl RecordLetter<'_> {
     /// Done with: its header list's allocation is handed back for the next record.
-    fn shown(self) {
+    fn hand_back(self) {
         let RecordLetter { owned, headers, .. } = self;
         owned.headers = recycled(headers);
     }
@@ -993,7 +993,7 @@ impl Broker for KafkaBroker {
             let shown = |m: &BorrowedMessage<'_>, topic: Topic<'_>| {
                 let letter = self.record_letter(m, topic, &mut owned);
                 let visited = visit(&letter.view());
-                letter.shown();
+                letter.hand_back();
                 visited
             };
             let Some(next) = reader.next_from(&mut messages, shown).await else {
