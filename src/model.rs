@@ -544,6 +544,7 @@ pub enum ValueView<'a> {
 }
 
 impl ValueView<'_> {
+    #[inline(always)]
     fn write_json(self, out: &mut Vec<u8>) {
         match self {
             ValueView::Null => out.extend_from_slice(b"null"),

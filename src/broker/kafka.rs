@@ -320,31 +320,47 @@ impl KafkaBroker {
     /// A record as a dead letter, still in librdkafka's buffers; what it owns is written
     /// over `owned`.
     fn record_letter<'a>(&self, m: &'a impl Message, topic: Topic<'a>, owned: &'a mut Owned) -> RecordLetter<'a> {
-        let Owned { id, decoded, headers: spare } = owned;
-        let time = m.timestamp().to_millis().and_then(|ms| Utc.timestamp_millis_opt(ms).single());
-        let mut headers = recycled(std::mem::take(spare));
-        let extras = match m.headers() {
-            Some(record) if self.options.headers => {
-                letter_headers(record, decoded, &mut headers);
-                Extras::of(m, time)
+        let Owned { id, id_prefix, time: last_time, decoded, pairs: spare } = owned;
+        // Records written together share a time: converted once.
+        let time = m.timestamp().to_millis().and_then(|ms| match *last_time {
+            Some((last, time)) if last == ms => Some(time),
+            _ => {
+                let time = Utc.timestamp_millis_opt(ms).single()?;
+                *last_time = Some((ms, time));
+                Some(time)
             }
-            Some(record) => {
-                decode_record_headers(record, decoded);
-                Extras::default()
-            }
-            None => {
-                *decoded = Decoded::default();
-                if self.options.headers { Extras::of(m, time) } else { Extras::default() }
-            }
-        };
+        });
+        let mut pairs = recycled(std::mem::take(spare));
+        match m.headers() {
+            Some(record) if self.options.headers => letter_headers(record, decoded, &mut pairs),
+            Some(record) => decode_record_headers(record, decoded),
+            None => *decoded = Decoded::default(),
+        }
+        let extras_at = pairs.len();
+        if self.options.headers {
+            push_extras(m, time, &mut pairs);
+        }
         // `topic-partition@offset`, without the formatting machinery (a tenth of a summarize's
-        // own work when written with format!).
-        let (mut partition, mut offset) = (itoa::Buffer::new(), itoa::Buffer::new());
-        let parts = [topic.name, "-", partition.format(m.partition()), "@", offset.format(m.offset())];
-        id.clear();
-        id.reserve(parts.iter().map(|part| part.len()).sum());
-        parts.iter().for_each(|part| id.push_str(part));
-        RecordLetter { owned, topic, time, headers, extras, body: if self.options.bodies { m.payload() } else { None } }
+        // own work when written with format!). On the previous record's partition only the
+        // offset is written again.
+        match *id_prefix {
+            Some((partition, len)) if partition == m.partition() => id.truncate(len),
+            _ => {
+                let mut partition = itoa::Buffer::new();
+                id.clear();
+                [topic.name, "-", partition.format(m.partition()), "@"].iter().for_each(|part| id.push_str(part));
+                *id_prefix = Some((m.partition(), id.len()));
+            }
+        }
+        id.push_str(itoa::Buffer::new().format(m.offset()));
+        RecordLetter {
+            owned,
+            topic,
+            time,
+            pairs,
+            extras_at,
+            body: if self.options.bodies { m.payload() } else { None },
+        }
     }
 
     fn normalize(&self, m: &impl Message, topic: Topic<'_>) -> DeadLetter {
@@ -604,9 +620,13 @@ impl<'a> Topic<'a> {
 #[derive(Default)]
 struct Owned {
     id: String,
+    /// The partition `id` was last written for, and the length of its `topic-partition@`.
+    id_prefix: Option<(i32, usize)>,
+    /// The last record time converted, in milliseconds and as a time.
+    time: Option<(i64, DateTime<Utc>)>,
     decoded: Decoded,
-    /// Empty: the allocation the next record's headers are listed in.
-    headers: Vec<(Text<'static>, ValueView<'static>)>,
+    /// Empty: the allocation the next record's headers and extras are listed in.
+    pairs: Vec<(Text<'static>, ValueView<'static>)>,
 }
 
 /// `pairs` emptied, as a vector of pairs borrowed for another lifetime, in the same
@@ -624,17 +644,18 @@ struct RecordLetter<'a> {
     owned: &'a mut Owned,
     topic: Topic<'a>,
     time: Option<DateTime<Utc>>,
-    /// Both empty when the read keeps no headers (summarize).
-    headers: Vec<(Text<'a>, ValueView<'a>)>,
-    extras: Extras<'a>,
+    /// The record's headers, then the extras from `extras_at` on, in one list (one allocation
+    /// for both, kept from record to record). Empty when the read keeps no headers (summarize).
+    pairs: Vec<(Text<'a>, ValueView<'a>)>,
+    extras_at: usize,
     body: Option<&'a [u8]>,
 }
 
 impl RecordLetter<'_> {
     /// Done with: its header list's allocation is handed back for the next record.
     fn hand_back(self) {
-        let RecordLetter { owned, headers, .. } = self;
-        owned.headers = recycled(headers);
+        let RecordLetter { owned, pairs, .. } = self;
+        owned.pairs = recycled(pairs);
     }
 
     fn view(&self) -> LetterView<'_> {
@@ -648,8 +669,8 @@ impl RecordLetter<'_> {
             first_failed_at: None,
             last_failed_at: self.time,
             enqueued_at: None,
-            headers: HeadersView::Pairs(&self.headers),
-            extras: HeadersView::Pairs(self.extras.as_slice()),
+            headers: HeadersView::Pairs(&self.pairs[..self.extras_at]),
+            extras: HeadersView::Pairs(&self.pairs[self.extras_at..]),
             body: self.body,
         }
     }
@@ -666,12 +687,14 @@ impl RecordLetter<'_> {
             first_failed_at: None,
             last_failed_at: self.time,
             enqueued_at: None,
-            headers: self
-                .headers
-                .into_iter()
-                .map(|(name, value)| (header_name(name.as_str()), Value::from(value)))
+            headers: self.pairs[..self.extras_at]
+                .iter()
+                .map(|&(name, value)| (header_name(name.as_str()), Value::from(value)))
                 .collect(),
-            extras: self.extras.as_slice().iter().map(|&(name, value)| (name.as_str(), Value::from(value))).collect(),
+            extras: self.pairs[self.extras_at..]
+                .iter()
+                .map(|&(name, value)| (name.as_str().to_owned(), Value::from(value)))
+                .collect(),
             body: self.body.map(<[u8]>::to_vec),
         }
     }
@@ -827,34 +850,16 @@ const FRAMEWORK_NAMES: [&str; 24] = [
     "__connect.errors.exception.stacktrace",
 ];
 
-/// What dlqctl adds to every record's headers: where it is, when it was written, its key.
-/// At most four, kept on the stack.
-#[derive(Default)]
-struct Extras<'a> {
-    pairs: [(Text<'static>, ValueView<'a>); 4],
-    len: usize,
-}
-
-impl<'a> Extras<'a> {
-    fn of(m: &'a impl Message, time: Option<DateTime<Utc>>) -> Self {
-        let mut extras = Extras::default();
-        let mut push = |pair| {
-            extras.pairs[extras.len] = pair;
-            extras.len += 1;
-        };
-        push((Text::plain("partition"), ValueView::Int(i64::from(m.partition()))));
-        push((Text::plain("offset"), ValueView::Int(m.offset())));
-        if let Some(t) = time {
-            push((Text::plain("timestamp"), ValueView::Timestamp(t)));
-        }
-        if let Some(key) = m.key() {
-            push((Text::plain("key"), Raw::of(key).view()));
-        }
-        extras
+/// What dlqctl adds to every record's headers, appended after them: where it is, when it was
+/// written, its key.
+fn push_extras<'a>(m: &'a impl Message, time: Option<DateTime<Utc>>, pairs: &mut Vec<(Text<'a>, ValueView<'a>)>) {
+    pairs.push((Text::plain("partition"), ValueView::Int(i64::from(m.partition()))));
+    pairs.push((Text::plain("offset"), ValueView::Int(m.offset())));
+    if let Some(t) = time {
+        pairs.push((Text::plain("timestamp"), ValueView::Timestamp(t)));
     }
-
-    fn as_slice(&self) -> &[(Text<'static>, ValueView<'a>)] {
-        &self.pairs[..self.len]
+    if let Some(key) = m.key() {
+        pairs.push((Text::plain("key"), Raw::of(key).view()));
     }
 }
 
@@ -1436,15 +1441,19 @@ mod tests {
             ("kafka_dlt-original-offset", Some(b"99")),
             ("tenant", None),
         ]);
+        let mut pairs = listed(&original);
+        pairs.push((Text::plain("partition"), ValueView::Int(3)));
         let letter = RecordLetter {
-            headers: listed(&original),
+            extras_at: original.count(),
+            pairs,
             owned: &mut Owned::default(),
             topic: Topic { name: "orders.DLT", plain: true },
             time: None,
-            extras: Extras::default(),
             body: None,
         }
         .into_letter();
+        assert_eq!(letter.headers.len(), original.count());
+        assert_eq!(letter.extras, Headers::from_iter([("partition", Value::Int(3))]));
         let mut decoded = Decoded::default();
         decode_record_headers(&original, &mut decoded);
         assert_eq!(decode_failure_headers(&letter.headers), decoded);
