@@ -521,14 +521,16 @@ fn write_object<'v, V: 'v>(
     write_value: impl Fn(V, &mut Vec<u8>),
 ) {
     out.push(b'{');
-    for (i, (name, value)) in pairs.enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
+    for (name, value) in pairs {
         name.write_key(out);
         write_value(value, out);
+        out.push(b',');
     }
-    out.push(b'}');
+    // The last pair's comma becomes the closing brace: no count kept or tested per pair.
+    match out.last_mut() {
+        Some(last @ b',') => *last = b'}',
+        _ => out.push(b'}'),
+    }
 }
 
 /// A header value borrowed from where a backend read it: the kinds a Kafka record's headers
