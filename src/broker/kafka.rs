@@ -825,22 +825,23 @@ const fn at(name: &str) -> usize {
 }
 
 /// The names Spring Kafka and Kafka Connect put on dead letters, kept once for every letter
-/// instead of copied into each.
+/// instead of copied into each. Spring's are in the order of how often its dead letters carry
+/// them, those on every letter first: each record's names are looked up from the top.
 const FRAMEWORK_NAMES: [&str; 24] = [
+    "kafka_dlt-original-topic",
+    "kafka_dlt-original-partition",
+    "kafka_dlt-original-offset",
     "kafka_dlt-exception-fqcn",
-    "kafka_dlt-exception-cause-fqcn",
     "kafka_dlt-exception-message",
     "kafka_dlt-exception-stacktrace",
+    "kafka_dlt-original-timestamp",
+    "kafka_dlt-original-timestamp-type",
+    "kafka_dlt-original-consumer-group",
+    "kafka_dlt-exception-cause-fqcn",
     "kafka_dlt-key-exception-fqcn",
     "kafka_dlt-key-exception-cause-fqcn",
     "kafka_dlt-key-exception-message",
     "kafka_dlt-key-exception-stacktrace",
-    "kafka_dlt-original-topic",
-    "kafka_dlt-original-partition",
-    "kafka_dlt-original-offset",
-    "kafka_dlt-original-timestamp",
-    "kafka_dlt-original-timestamp-type",
-    "kafka_dlt-original-consumer-group",
     "__connect.errors.topic",
     "__connect.errors.partition",
     "__connect.errors.offset",
