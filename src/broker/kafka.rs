@@ -348,6 +348,8 @@ impl KafkaBroker {
             _ => {
                 let mut partition = itoa::Buffer::new();
                 id.clear();
+                // Room for the widest partition and offset: one allocation for a new letter's id.
+                id.reserve(topic.name.len() + "-@".len() + 11 + 20);
                 [topic.name, "-", partition.format(m.partition()), "@"].iter().for_each(|part| id.push_str(part));
                 *id_prefix = Some((m.partition(), id.len()));
             }
