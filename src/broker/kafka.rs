@@ -874,7 +874,7 @@ fn header_name(key: &str) -> Name {
     framework_index(key).map_or_else(|| Name::Owned(key.to_owned()), |i| Name::Borrowed(FRAMEWORK_NAMES[i]))
 }
 
-/// Where `key` is in [`FRAMEWORK_NAMES`].
+/// Where `key` is in [`FRAMEWORK_NAMES`]. Inlined: called for every header a read lists.
 #[inline(always)]
 fn framework_index(key: &str) -> Option<usize> {
     // Every framework name has one of two prefixes: any other name costs one comparison.
