@@ -73,6 +73,21 @@ fn read(path: &Path) -> Vec<DeadLetter> {
         .collect()
 }
 
+/// The letters in whole lines of an archive a killed run was appending to: its last line may
+/// be the start of a copy it never finished (and so never confirmed). Returns the letters and
+/// whether such a line was there.
+fn read_whole_lines(path: &Path) -> (Vec<DeadLetter>, bool) {
+    let content = std::fs::read(path).unwrap_or_default();
+    let whole = content.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let letters = String::from_utf8(content[..whole].to_vec())
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    (letters, whole < content.len())
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -84,10 +99,10 @@ fn assert_exit(o: &Output, code: i32) {
 
 /// Every original is in the DLQ or at the destination; what is in both, or at the destination
 /// twice, carries the original's redrive id. Returns (in DLQ, at destination, duplicated).
-fn check_nothing_lost(originals: &[DeadLetter], dlq: &Path, dest: &Path) -> (usize, usize, usize) {
+fn check_nothing_lost(originals: &[DeadLetter], dlq: &Path, at_dest: &[DeadLetter]) -> (usize, usize, usize) {
     let in_dlq: HashSet<String> = read(dlq).iter().map(redrive_id).collect();
     let mut copies: HashMap<String, usize> = HashMap::new();
-    for copy in read(dest) {
+    for copy in at_dest {
         let Some(Value::String(id)) = copy.headers.get(REDRIVE_ID_HEADER) else { panic!("copy without id") };
         *copies.entry(id.clone()).or_default() += 1;
     }
@@ -186,7 +201,7 @@ fn a_selected_redrive_moves_exactly_the_selection_and_keeps_a_paper_trail() {
     assert!(moved.iter().all(|l| l.reason.kind.as_str() == "expired"));
     assert!(moved.iter().all(|l| l.headers.get(REDRIVE_COUNT_HEADER) == Some(&Value::Int(1))));
     assert!(read(&w.path("dlq.jsonl")).iter().all(|l| l.reason.kind.as_str() != "expired"));
-    assert_eq!(check_nothing_lost(&originals, &w.path("dlq.jsonl"), &w.path("out.jsonl")).2, 0);
+    assert_eq!(check_nothing_lost(&originals, &w.path("dlq.jsonl"), &read(&w.path("out.jsonl"))).2, 0);
 
     let audit: Vec<serde_json::Value> = std::fs::read_to_string(w.path("audit.jsonl"))
         .unwrap()
@@ -273,7 +288,7 @@ fn ctrl_c_finishes_in_flight_messages_and_resume_completes() {
     assert_exit(&o, 130);
     let err = text(&o.stderr);
     assert!(err.contains("interrupted") && err.contains("--resume"), "{err}");
-    let (left, moved, dup) = check_nothing_lost(&originals, &w.path("dlq.jsonl"), &w.path("out.jsonl"));
+    let (left, moved, dup) = check_nothing_lost(&originals, &w.path("dlq.jsonl"), &read(&w.path("out.jsonl")));
     assert_eq!(dup, 0, "a clean stop leaves no duplicate");
     assert!(left > 0 && moved > 0, "stopped part way: {left} left, {moved} moved");
 
@@ -290,12 +305,12 @@ fn ctrl_c_finishes_in_flight_messages_and_resume_completes() {
         checkpoint.to_str().unwrap(),
     ]);
     assert_exit(&o, 0);
-    assert_eq!(check_nothing_lost(&originals, &w.path("dlq.jsonl"), &w.path("out.jsonl")), (0, 300, 0));
+    assert_eq!(check_nothing_lost(&originals, &w.path("dlq.jsonl"), &read(&w.path("out.jsonl"))), (0, 300, 0));
 }
 
 #[test]
 fn kill_9_at_random_points_then_resume_loses_nothing() {
-    let mut duplicates = 0;
+    let (mut duplicates, mut unfinished_copies) = (0, 0);
     for trial in 0..5 {
         let w = Workspace::generated(1000);
         let originals = read(&w.path("dlq.jsonl"));
@@ -308,7 +323,9 @@ fn kill_9_at_random_points_then_resume_loses_nothing() {
         std::thread::sleep(Duration::from_millis(fastrand::u64(30..450)));
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
-        check_nothing_lost(&originals, &w.path("dlq.jsonl"), &w.path("out.jsonl"));
+        let (copies, unfinished) = read_whole_lines(&w.path("out.jsonl"));
+        check_nothing_lost(&originals, &w.path("dlq.jsonl"), &copies);
+        unfinished_copies += usize::from(unfinished);
 
         let checkpoint = w.checkpoint();
         let o = w.run(&[
@@ -324,10 +341,53 @@ fn kill_9_at_random_points_then_resume_loses_nothing() {
             checkpoint.to_str().unwrap(),
         ]);
         assert_exit(&o, 0);
-        let (left, _, dup) = check_nothing_lost(&originals, &w.path("dlq.jsonl"), &w.path("out.jsonl"));
+        let (left, _, dup) = check_nothing_lost(&originals, &w.path("dlq.jsonl"), &read(&w.path("out.jsonl")));
         assert_eq!(left, 0, "trial {trial}: the resumed run empties the DLQ");
         assert!(dup <= 10, "trial {trial}: duplicates are bounded by --batch, got {dup}");
         duplicates += dup;
     }
-    eprintln!("kill -9 trials: 5, messages lost: 0, duplicates (all with their original's redrive id): {duplicates}");
+    eprintln!(
+        "kill -9 trials: 5, messages lost: 0, duplicates (all with their original's redrive id): {duplicates}, \
+         copies left unfinished by the kill (cut by the resume): {unfinished_copies}"
+    );
+}
+
+/// What a kill -9 in the middle of an append leaves, made on purpose: whole copies, then the
+/// first bytes of one more. The next run cuts those bytes, says so, and appends whole lines.
+#[test]
+fn a_copy_left_unfinished_at_the_destination_is_cut_before_appending() {
+    let w = Workspace::with_sample();
+    let sample = std::fs::read_to_string(w.path("dlq.jsonl")).unwrap();
+    let mut lines = sample.lines();
+    let (whole, cut) = (lines.next().unwrap(), lines.next().unwrap());
+    let unfinished = &cut[..cut.len() / 3];
+    std::fs::write(w.path("out.jsonl"), format!("{whole}\n{unfinished}")).unwrap();
+    let o = w.run(&["redrive", "dlq.jsonl", "--to", "out.jsonl", "--yes", "--rate", "unlimited", "--limit", "5"]);
+    assert_exit(&o, 0);
+    let err = text(&o.stderr);
+    assert!(err.contains(&format!("cut {} bytes of an unfinished copy", unfinished.len())), "{err}");
+    let copies = read(&w.path("out.jsonl"));
+    assert_eq!(copies.len(), 6, "the whole line kept, five copies appended");
+    assert!(std::fs::read(w.path("out.jsonl")).unwrap().ends_with(b"\n"));
+
+    // A last line that is a whole letter without its newline only gets the newline.
+    std::fs::write(w.path("out2.jsonl"), whole).unwrap();
+    let o = w.run(&["redrive", "dlq.jsonl", "--to", "out2.jsonl", "--yes", "--rate", "unlimited", "--limit", "1"]);
+    assert_exit(&o, 0);
+    assert!(!text(&o.stderr).contains("unfinished"), "{}", text(&o.stderr));
+    assert_eq!(read(&w.path("out2.jsonl")).len(), 2);
+}
+
+#[test]
+fn a_destination_that_is_not_an_archive_is_refused_and_left_as_it_was() {
+    let w = Workspace::with_sample();
+    let before = std::fs::read(w.path("dlq.jsonl")).unwrap();
+    std::fs::write(w.path("notes.txt"), "remember to rotate the keys").unwrap();
+    let o = w.run(&["redrive", "dlq.jsonl", "--to", "notes.txt", "--yes", "--rate", "unlimited"]);
+    assert_exit(&o, 2);
+    let err = text(&o.stderr);
+    assert!(err.contains("notes.txt") && err.contains("not a dlqctl archive") && err.contains("--to"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert_eq!(std::fs::read_to_string(w.path("notes.txt")).unwrap(), "remember to rotate the keys");
+    assert_eq!(std::fs::read(w.path("dlq.jsonl")).unwrap(), before);
 }

@@ -21,7 +21,7 @@ use super::{
     Sink,
 };
 use crate::error::{Error, Result};
-use crate::model::{DeadLetter, Keep};
+use crate::model::{DeadLetter, Keep, SCHEMA};
 use crate::target::ArchiveTarget;
 
 const READ_BUFFER: usize = 256 * 1024;
@@ -317,10 +317,18 @@ fn temp_path(path: &Path) -> PathBuf {
 pub struct ArchiveSink {
     path: PathBuf,
     out: tokio::sync::Mutex<tokio::io::BufWriter<tokio::fs::File>>,
+    /// What opening did to the file's last line, for the operator.
+    open_notes: Vec<String>,
 }
 
 impl ArchiveSink {
     pub async fn open(path: &Path) -> Result<Self> {
+        let owned = path.to_path_buf();
+        let open_notes = tokio::task::spawn_blocking(move || finish_last_line(&owned))
+            .await
+            .map_err(|e| Error::Runtime(format!("cannot check the end of archive {}: {e}", path.display())))??
+            .into_iter()
+            .collect();
         let file = tokio::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -330,6 +338,7 @@ impl ArchiveSink {
         Ok(ArchiveSink {
             path: path.to_path_buf(),
             out: tokio::sync::Mutex::new(tokio::io::BufWriter::with_capacity(READ_BUFFER, file)),
+            open_notes,
         })
     }
 
@@ -344,8 +353,70 @@ impl ArchiveSink {
     }
 }
 
+/// Makes the file end in a whole line before copies are appended to it. A run killed while
+/// appending (kill -9, power loss) can leave the first bytes of a copy and no newline; that
+/// copy was never confirmed, so its original is still in the DLQ and the cut is safe. A last
+/// line that is a whole dead letter only gets its newline; any other unfinished line means the
+/// file is not a dlqctl archive, and nothing is touched. Returns a note when bytes were cut.
+fn finish_last_line(path: &Path) -> Result<Option<String>> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let fail = |what: &str, e: std::io::Error| Error::Runtime(format!("cannot {what} archive {}: {e}", path.display()));
+    let mut file = match std::fs::OpenOptions::new().read(true).write(true).open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(fail("open for writing", e)),
+    };
+    let len = file.metadata().map_err(|e| fail("inspect", e))?.len();
+    // Read backwards until the last newline: the unfinished line is everything after it.
+    let mut line_start = len;
+    let mut tail = Vec::new();
+    let mut chunk = vec![0; 64 * 1024];
+    while line_start > 0 {
+        let size = chunk.len().min(line_start as usize);
+        let at = line_start - size as u64;
+        file.seek(SeekFrom::Start(at))
+            .and_then(|_| file.read_exact(&mut chunk[..size]))
+            .map_err(|e| fail("read", e))?;
+        let read = &chunk[..size];
+        let newline = read.iter().rposition(|&b| b == b'\n');
+        let kept = newline.map_or(read, |i| &read[i + 1..]);
+        tail.splice(0..0, kept.iter().copied());
+        line_start = at + newline.map_or(0, |i| i as u64 + 1);
+        if newline.is_some() {
+            break;
+        }
+    }
+    let unfinished = tail.trim_ascii();
+    if unfinished.is_empty() {
+        return Ok(None);
+    }
+    if DeadLetter::from_archive_line(unfinished, Keep { bodies: false, headers: false }).is_ok() {
+        file.seek(SeekFrom::End(0)).and_then(|_| file.write_all(b"\n")).map_err(|e| fail("write to", e))?;
+        return Ok(None);
+    }
+    let line_opening = format!(r#"{{"schema":"{SCHEMA}""#);
+    if !(unfinished.starts_with(line_opening.as_bytes()) || line_opening.as_bytes().starts_with(unfinished)) {
+        return Err(Error::Usage(format!(
+            "archive {} ends in a line that is neither a dead letter nor part of one: \
+             it is not a dlqctl archive; name another file with --to",
+            path.display()
+        )));
+    }
+    file.set_len(line_start).and_then(|_| file.sync_data()).map_err(|e| fail("truncate", e))?;
+    Ok(Some(format!(
+        "cut {} bytes of an unfinished copy from the end of {} (left by a run that stopped while \
+         writing; its original is still in the DLQ)",
+        len - line_start,
+        path.display()
+    )))
+}
+
 #[async_trait]
 impl Sink for ArchiveSink {
+    fn open_notes(&self) -> Vec<String> {
+        self.open_notes.clone()
+    }
+
     async fn publish(&self, batch: &[(DeadLetter, Destination)]) -> Vec<Result<(), PublishError>> {
         let result = self.append(batch).await.map_err(|e| PublishError {
             failure: match e.kind() {

@@ -212,6 +212,10 @@ impl Sink for Bounded<dyn Sink> {
     async fn publish(&self, batch: &[(DeadLetter, Destination)]) -> Vec<std::result::Result<(), PublishError>> {
         publish_within(self.inner.as_ref(), batch, self.limit, &self.shown).await
     }
+
+    fn open_notes(&self) -> Vec<String> {
+        self.inner.open_notes()
+    }
 }
 
 /// A publish without its confirmations in time is a transient failure of every copy: the

@@ -135,6 +135,12 @@ pub trait Sink: Send + Sync {
     /// destination (publisher confirm, send success, delivery report, fsync) or has failed.
     /// The results are in the order of `batch`.
     async fn publish(&self, batch: &[(DeadLetter, Destination)]) -> Vec<Result<(), PublishError>>;
+
+    /// What opening the destination found and did that the operator should hear about
+    /// (an archive's unfinished last line cut off).
+    fn open_notes(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// What a backend keeps about the messages it handed out, by the token in their

@@ -148,6 +148,9 @@ pub async fn run(ctx: &mut Context, args: &RedriveArgs) -> Result<()> {
         Some(to) => Some(broker::open_sink(to, ctx.timeout).await?),
         None => None,
     };
+    for note in owned_sink.iter().flat_map(|sink| sink.open_notes()) {
+        ctx.out.note(&note);
+    }
     let sink: Option<&dyn Sink> = owned_sink.as_deref().or_else(|| source.source_sink());
     ctx.out.note(&format!("audit log {}; checkpoint {}", audit.path().display(), checkpoint.path().display()));
 
