@@ -69,6 +69,11 @@ pub struct AuditLog {
 impl AuditLog {
     pub fn create(path: &Path, run: &RunInfo) -> Result<AuditLog> {
         let mut log = AuditLog { path: path.to_path_buf(), out: private_file(path, true)? };
+        // A log shared between runs (--audit-log) may end in a line a killed run left
+        // unfinished; it stays as evidence, but this run's header starts a line of its own.
+        if ends_unfinished(path) {
+            log.out.write_all(b"\n").map_err(|e| Error::io(format!("cannot write audit log {}", path.display()), e))?;
+        }
         // Arguments may carry a URL with a password; mask it like every other output.
         let command: Vec<String> = std::env::args().map(|a| mask_input(&a)).collect();
         let header = json!({
@@ -111,6 +116,14 @@ impl AuditLog {
     }
 }
 
+fn ends_unfinished(path: &Path) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut last = [0u8];
+    File::open(path)
+        .and_then(|mut f| f.seek(SeekFrom::End(-1)).and_then(|_| f.read_exact(&mut last)))
+        .is_ok_and(|()| last[0] != b'\n')
+}
+
 pub fn now() -> String {
     format_time(&Utc::now())
 }
@@ -138,4 +151,30 @@ fn user_from_passwd() -> Option<String> {
         let fields: Vec<&str> = line.split(':').collect();
         (fields.get(2) == Some(&uid.as_str())).then(|| fields[0].to_owned())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_appending_to_a_log_with_an_unfinished_line_starts_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        std::fs::write(&path, "{\"audit\":\"dlqctl/redrive-audit/v1\"}\n{\"time\":\"2026-").unwrap();
+        let run = RunInfo { dlq: "orders.dlq", to: None, selection: "all", note: None, checkpoint: None };
+        let mut log = AuditLog::create(&path, &run).unwrap();
+        log.flush().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert_eq!(lines[1], "{\"time\":\"2026-", "the unfinished line is kept as it was");
+        assert!(serde_json::from_str::<serde_json::Value>(lines[2]).unwrap()["audit"] == AUDIT_SCHEMA);
+
+        // A new or whole log gets no blank line.
+        let fresh = dir.path().join("fresh.jsonl");
+        AuditLog::create(&fresh, &run).unwrap().flush().unwrap();
+        AuditLog::create(&fresh, &run).unwrap().flush().unwrap();
+        assert_eq!(std::fs::read_to_string(&fresh).unwrap().lines().filter(|l| l.is_empty()).count(), 0);
+    }
 }
