@@ -361,54 +361,71 @@ impl ArchiveSink {
 fn finish_last_line(path: &Path) -> Result<Option<String>> {
     use std::io::{Read, Seek, SeekFrom, Write};
     let fail = |what: &str, e: std::io::Error| Error::Runtime(format!("cannot {what} archive {}: {e}", path.display()));
+    let not_an_archive = || {
+        Error::Usage(format!(
+            "archive {} ends in a line that is neither a dead letter nor part of one: \
+             it is not a dlqctl archive; name another file with --to",
+            path.display()
+        ))
+    };
     let mut file = match std::fs::OpenOptions::new().read(true).write(true).open(path) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(fail("open for writing", e)),
     };
     let len = file.metadata().map_err(|e| fail("inspect", e))?.len();
-    // Read backwards until the last newline: the unfinished line is everything after it.
-    let mut line_start = len;
-    let mut tail = Vec::new();
-    let mut chunk = vec![0; 64 * 1024];
-    while line_start > 0 {
-        let size = chunk.len().min(line_start as usize);
-        let at = line_start - size as u64;
-        file.seek(SeekFrom::Start(at))
-            .and_then(|_| file.read_exact(&mut chunk[..size]))
-            .map_err(|e| fail("read", e))?;
-        let read = &chunk[..size];
-        let newline = read.iter().rposition(|&b| b == b'\n');
-        let kept = newline.map_or(read, |i| &read[i + 1..]);
-        tail.splice(0..0, kept.iter().copied());
-        line_start = at + newline.map_or(0, |i| i as u64 + 1);
-        if newline.is_some() {
-            break;
-        }
-    }
-    let unfinished = tail.trim_ascii();
-    if unfinished.is_empty() {
+    let line_start = last_line_start(&mut file, len).map_err(|e| fail("read", e))?;
+    let unfinished_len = len - line_start;
+    if unfinished_len == 0 {
         return Ok(None);
     }
+    // Only a line that opens as JSON is read whole: a letter can be large, and a file that is
+    // not an archive larger still.
+    let mut head = vec![0; unfinished_len.min(64) as usize];
+    file.seek(SeekFrom::Start(line_start)).and_then(|_| file.read_exact(&mut head)).map_err(|e| fail("read", e))?;
+    match head.trim_ascii_start().first() {
+        None if unfinished_len <= 64 => return Ok(None),
+        Some(b'{') => {}
+        _ => return Err(not_an_archive()),
+    }
+    let mut line = Vec::with_capacity(unfinished_len as usize);
+    file.seek(SeekFrom::Start(line_start))
+        .and_then(|_| (&mut file).take(unfinished_len).read_to_end(&mut line))
+        .map_err(|e| fail("read", e))?;
+    let unfinished = line.trim_ascii();
     if DeadLetter::from_archive_line(unfinished, Keep { bodies: false, headers: false }).is_ok() {
         file.seek(SeekFrom::End(0)).and_then(|_| file.write_all(b"\n")).map_err(|e| fail("write to", e))?;
         return Ok(None);
     }
     let line_opening = format!(r#"{{"schema":"{SCHEMA}""#);
     if !(unfinished.starts_with(line_opening.as_bytes()) || line_opening.as_bytes().starts_with(unfinished)) {
-        return Err(Error::Usage(format!(
-            "archive {} ends in a line that is neither a dead letter nor part of one: \
-             it is not a dlqctl archive; name another file with --to",
-            path.display()
-        )));
+        return Err(not_an_archive());
     }
     file.set_len(line_start).and_then(|_| file.sync_data()).map_err(|e| fail("truncate", e))?;
     Ok(Some(format!(
-        "cut {} bytes of an unfinished copy from the end of {} (left by a run that stopped while \
-         writing; its original is still in the DLQ)",
-        len - line_start,
+        "cut {unfinished_len} bytes of an unfinished copy from the end of {} (left by a run that \
+         stopped while writing; its original is still in the DLQ)",
         path.display()
     )))
+}
+
+/// Where the file's last line starts: just after its last newline, or at 0. Reads backwards,
+/// a chunk at a time, holding one chunk.
+fn last_line_start(file: &mut std::fs::File, len: u64) -> std::io::Result<u64> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut chunk = vec![0; 64 * 1024];
+    let mut end = len;
+    while end > 0 {
+        let size = (chunk.len() as u64).min(end) as usize;
+        let at = end - size as u64;
+        file.seek(SeekFrom::Start(at))?;
+        file.read_exact(&mut chunk[..size])?;
+        if let Some(i) = chunk[..size].iter().rposition(|&b| b == b'\n') {
+            return Ok(at + i as u64 + 1);
+        }
+        end = at;
+    }
+    Ok(0)
 }
 
 #[async_trait]
@@ -428,5 +445,58 @@ impl Sink for ArchiveSink {
             message: format!("cannot append to {}: {e}", self.path.display()),
         });
         vec![result; batch.len()]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample_line(body_len: usize) -> String {
+        let letter = DeadLetter { id: "m-1".into(), body: Some(vec![b'x'; body_len]), ..DeadLetter::default() };
+        String::from_utf8(letter.json_line(&mut Vec::new()).to_vec()).unwrap()
+    }
+
+    #[test]
+    fn an_unfinished_copy_longer_than_a_chunk_is_cut_at_its_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.jsonl");
+        let whole = sample_line(10);
+        let long = sample_line(300 * 1024);
+        let unfinished = &long[..long.len() - 100];
+        std::fs::write(&path, format!("{whole}{unfinished}")).unwrap();
+        let note = finish_last_line(&path).unwrap().unwrap();
+        assert!(note.contains(&format!("cut {} bytes", unfinished.len())), "{note}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), whole);
+    }
+
+    #[test]
+    fn whole_lines_blank_ends_and_missing_files_are_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let whole = sample_line(10);
+        for content in [String::new(), whole.clone(), format!("{whole}  ")] {
+            let path = dir.path().join("out.jsonl");
+            std::fs::write(&path, &content).unwrap();
+            assert_eq!(finish_last_line(&path).unwrap(), None);
+            assert_eq!(std::fs::read_to_string(&path).unwrap(), content);
+        }
+        assert_eq!(finish_last_line(&dir.path().join("absent.jsonl")).unwrap(), None);
+    }
+
+    #[test]
+    fn a_file_that_is_not_an_archive_is_refused_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("image.bin");
+        // No newline anywhere and more than a chunk: refused without reading it whole.
+        let content = vec![0xffu8; 200 * 1024];
+        std::fs::write(&path, &content).unwrap();
+        let err = finish_last_line(&path).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("not a dlqctl archive"), "{err}");
+        let json = dir.path().join("other.json");
+        std::fs::write(&json, "{\"not\": \"a letter\"").unwrap();
+        assert!(finish_last_line(&json).is_err());
+        assert_eq!(std::fs::read(&path).unwrap(), content);
+        assert_eq!(std::fs::read_to_string(&json).unwrap(), "{\"not\": \"a letter\"");
     }
 }
