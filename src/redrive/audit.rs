@@ -68,12 +68,8 @@ pub struct AuditLog {
 
 impl AuditLog {
     pub fn create(path: &Path, run: &RunInfo) -> Result<AuditLog> {
+        // A log shared between runs (--audit-log) is appended to.
         let mut log = AuditLog { path: path.to_path_buf(), out: private_file(path, true)? };
-        // A log shared between runs (--audit-log) may end in a line a killed run left
-        // unfinished; it stays as evidence, but this run's header starts a line of its own.
-        if ends_unfinished(path) {
-            log.out.write_all(b"\n").map_err(|e| Error::io(format!("cannot write audit log {}", path.display()), e))?;
-        }
         // Arguments may carry a URL with a password; mask it like every other output.
         let command: Vec<String> = std::env::args().map(|a| mask_input(&a)).collect();
         let header = json!({
@@ -114,14 +110,6 @@ impl AuditLog {
     pub fn flush(&mut self) -> Result<()> {
         self.out.flush().map_err(|e| Error::io(format!("cannot write audit log {}", self.path.display()), e))
     }
-}
-
-fn ends_unfinished(path: &Path) -> bool {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut last = [0u8];
-    File::open(path)
-        .and_then(|mut f| f.seek(SeekFrom::End(-1)).and_then(|_| f.read_exact(&mut last)))
-        .is_ok_and(|()| last[0] != b'\n')
 }
 
 pub fn now() -> String {

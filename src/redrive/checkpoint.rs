@@ -134,8 +134,13 @@ mod tests {
         // A torn last line, as a kill -9 can leave.
         std::fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(b"{\"publ").unwrap();
 
-        let c = Checkpoint::resume(&path, "q.jsonl", Some("archive out.jsonl")).unwrap();
+        let mut c = Checkpoint::resume(&path, "q.jsonl", Some("archive out.jsonl")).unwrap();
         assert!(c.was_published("a") && c.was_published("b") && !c.was_published("c"));
+        // What the resumed run records is not glued to the torn line: a second resume sees it.
+        c.record_published(&["c"]).unwrap();
+        drop(c);
+        let c = Checkpoint::resume(&path, "q.jsonl", Some("archive out.jsonl")).unwrap();
+        assert!(c.was_published("a") && c.was_published("b") && c.was_published("c"));
         let err = Checkpoint::resume(&path, "other.jsonl", Some("archive out.jsonl")).map(|_| ()).unwrap_err();
         assert!(err.to_string().contains("belongs to a redrive of q.jsonl"), "{err}");
     }

@@ -10,7 +10,7 @@ pub mod select;
 pub mod throttle;
 
 use std::fs::File;
-use std::io::BufWriter;
+use std::io::{BufWriter, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -57,7 +57,9 @@ pub fn outgoing(letter: &DeadLetter, id: &str) -> DeadLetter {
 }
 
 /// Create (or, with `append`, reopen) a file only its owner can read: audit logs,
-/// checkpoints and plans hold message ids and operator names.
+/// checkpoints and plans hold message ids and operator names. Reopened, a file whose last line
+/// a killed run left unfinished gets a newline first: that line stays as it was, as evidence,
+/// and the next line written is one of its own instead of being glued to it.
 pub fn private_file(path: &Path, append: bool) -> Result<BufWriter<File>> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("cannot create {}", dir.display()), e))?;
@@ -70,7 +72,19 @@ pub fn private_file(path: &Path, append: bool) -> Result<BufWriter<File>> {
         options.truncate(true);
     }
     let file = options.open(path).map_err(|e| Error::io(format!("cannot create {}", path.display()), e))?;
-    Ok(BufWriter::new(file))
+    let mut out = BufWriter::new(file);
+    if append && ends_unfinished(path) {
+        out.write_all(b"\n").map_err(|e| Error::io(format!("cannot write {}", path.display()), e))?;
+    }
+    Ok(out)
+}
+
+fn ends_unfinished(path: &Path) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut last = [0u8];
+    File::open(path)
+        .and_then(|mut f| f.seek(SeekFrom::End(-1)).and_then(|_| f.read_exact(&mut last)))
+        .is_ok_and(|()| last[0] != b'\n')
 }
 
 /// Where runs keep their audit logs and checkpoints unless told otherwise:
