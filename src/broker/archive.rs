@@ -380,18 +380,17 @@ fn finish_last_line(path: &Path) -> Result<Option<String>> {
         return Ok(None);
     }
     // Only a line that opens as JSON is read whole: a letter can be large, and a file that is
-    // not an archive larger still.
-    let mut head = vec![0; unfinished_len.min(64) as usize];
-    file.seek(SeekFrom::Start(line_start)).and_then(|_| file.read_exact(&mut head)).map_err(|e| fail("read", e))?;
-    match head.trim_ascii_start().first() {
+    // not an archive larger still. Its first 64 bytes tell.
+    let mut line = Vec::new();
+    file.seek(SeekFrom::Start(line_start))
+        .and_then(|_| (&mut file).take(64).read_to_end(&mut line))
+        .map_err(|e| fail("read", e))?;
+    match line.trim_ascii_start().first() {
         None if unfinished_len <= 64 => return Ok(None),
         Some(b'{') => {}
         _ => return Err(not_an_archive()),
     }
-    let mut line = Vec::with_capacity(unfinished_len as usize);
-    file.seek(SeekFrom::Start(line_start))
-        .and_then(|_| (&mut file).take(unfinished_len).read_to_end(&mut line))
-        .map_err(|e| fail("read", e))?;
+    (&mut file).take(unfinished_len - line.len() as u64).read_to_end(&mut line).map_err(|e| fail("read", e))?;
     let unfinished = line.trim_ascii();
     if DeadLetter::from_archive_line(unfinished, Keep { bodies: false, headers: false }).is_ok() {
         file.seek(SeekFrom::End(0)).and_then(|_| file.write_all(b"\n")).map_err(|e| fail("write to", e))?;

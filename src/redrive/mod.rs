@@ -67,24 +67,28 @@ pub fn private_file(path: &Path, append: bool) -> Result<BufWriter<File>> {
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create(true).mode(0o600);
     if append {
-        options.append(true);
+        // Read too: the last byte tells whether a killed run left the last line unfinished.
+        options.read(true).append(true);
     } else {
         options.truncate(true);
     }
     let file = options.open(path).map_err(|e| Error::io(format!("cannot create {}", path.display()), e))?;
+    let unfinished = append && ends_unfinished(&file);
     let mut out = BufWriter::new(file);
-    if append && ends_unfinished(path) {
+    if unfinished {
         out.write_all(b"\n").map_err(|e| Error::io(format!("cannot write {}", path.display()), e))?;
     }
     Ok(out)
 }
 
-fn ends_unfinished(path: &Path) -> bool {
-    use std::io::{Read, Seek, SeekFrom};
+/// Whether the file's last byte is not a newline (an empty file ends nothing unfinished).
+fn ends_unfinished(file: &File) -> bool {
+    use std::os::unix::fs::FileExt;
     let mut last = [0u8];
-    File::open(path)
-        .and_then(|mut f| f.seek(SeekFrom::End(-1)).and_then(|_| f.read_exact(&mut last)))
-        .is_ok_and(|()| last[0] != b'\n')
+    match file.metadata() {
+        Ok(m) if m.len() > 0 => file.read_exact_at(&mut last, m.len() - 1).is_ok_and(|()| last[0] != b'\n'),
+        _ => false,
+    }
 }
 
 /// Where runs keep their audit logs and checkpoints unless told otherwise:
