@@ -164,6 +164,23 @@ impl Target {
     }
 }
 
+/// Whether two `HOST:PORT` addresses reach the same place: the same text, or names that resolve
+/// to a common address (`localhost:5672` and `127.0.0.1:5672`). A name that does not resolve is
+/// compared as written.
+pub fn same_address(a: &str, b: &str) -> bool {
+    use std::net::ToSocketAddrs;
+    if a.eq_ignore_ascii_case(b) {
+        return true;
+    }
+    match (a.to_socket_addrs(), b.to_socket_addrs()) {
+        (Ok(a), Ok(b)) => {
+            let a: Vec<_> = a.collect();
+            b.into_iter().any(|b| a.contains(&b))
+        }
+        _ => false,
+    }
+}
+
 /// The canonical form, with the password masked: safe for output, logs and errors.
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -73,6 +73,14 @@ fn read(path: &Path) -> Vec<DeadLetter> {
         .collect()
 }
 
+/// The letters a reader sees in an archive: what a killed run settled, but did not yet remove
+/// from the file (its settle journal says which), is not there any more.
+fn still_in(dlq: &Path) -> Vec<DeadLetter> {
+    let o = Command::new(env!("CARGO_BIN_EXE_dlqctl")).args(["export", "-q"]).arg(dlq).output().unwrap();
+    assert_exit(&o, 0);
+    text(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
 /// The letters in whole lines of an archive a killed run was appending to: its last line may
 /// be the start of a copy it never finished (and so never confirmed). Returns the letters and
 /// whether such a line was there.
@@ -100,7 +108,7 @@ fn assert_exit(o: &Output, code: i32) {
 /// Every original is in the DLQ or at the destination; what is in both, or at the destination
 /// twice, carries the original's redrive id. Returns (in DLQ, at destination, duplicated).
 fn check_nothing_lost(originals: &[DeadLetter], dlq: &Path, at_dest: &[DeadLetter]) -> (usize, usize, usize) {
-    let in_dlq: HashSet<String> = read(dlq).iter().map(redrive_id).collect();
+    let in_dlq: HashSet<String> = still_in(dlq).iter().map(redrive_id).collect();
     let mut copies: HashMap<String, usize> = HashMap::new();
     for copy in at_dest {
         let Some(Value::String(id)) = copy.headers.get(REDRIVE_ID_HEADER) else { panic!("copy without id") };
@@ -250,14 +258,17 @@ fn max_redrives_skips_messages_already_redriven_that_often() {
 }
 
 #[test]
-fn messages_without_a_known_source_stay_and_are_reported() {
+fn an_archive_without_to_is_refused_before_anything_is_written() {
     let w = Workspace::with_sample();
     let before = std::fs::read(w.path("dlq.jsonl")).unwrap();
-    let o = w.run(&["redrive", "dlq.jsonl", "--yes", "--limit", "4"]);
-    assert_exit(&o, 1);
-    let err = text(&o.stderr);
-    assert!(err.contains("4 message(s) stayed in the DLQ") && err.contains("no known source"), "{err}");
+    for extra in [&[][..], &["--dry-run"][..]] {
+        let o = w.run(&[&["redrive", "dlq.jsonl", "--yes", "--limit", "4"][..], extra].concat());
+        assert_exit(&o, 2);
+        let err = text(&o.stderr);
+        assert!(err.contains("not how to reach that broker") && err.contains("--to"), "{err}");
+    }
     assert_eq!(std::fs::read(w.path("dlq.jsonl")).unwrap(), before);
+    assert!(!w.path("state").exists(), "no audit log or checkpoint for a run that cannot start");
 }
 
 #[test]
@@ -390,4 +401,171 @@ fn a_destination_that_is_not_an_archive_is_refused_and_left_as_it_was() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert_eq!(std::fs::read_to_string(w.path("notes.txt")).unwrap(), "remember to rotate the keys");
     assert_eq!(std::fs::read(w.path("dlq.jsonl")).unwrap(), before);
+}
+
+// The loss paths of issue #29, on the archive. `DLQCTL_FAULT_TRIALS` sets the trials (default 2).
+
+fn trials() -> usize {
+    std::env::var("DLQCTL_FAULT_TRIALS").ok().and_then(|n| n.parse().ok()).unwrap_or(2)
+}
+
+#[test]
+fn to_naming_the_source_by_any_path_is_refused_before_anything_is_read() {
+    let w = Workspace::with_sample();
+    std::os::unix::fs::symlink(w.path("dlq.jsonl"), w.path("link.jsonl")).unwrap();
+    std::fs::hard_link(w.path("dlq.jsonl"), w.path("hard.jsonl")).unwrap();
+    let before = std::fs::read(w.path("dlq.jsonl")).unwrap();
+    let absolute = w.path("dlq.jsonl").display().to_string();
+    for to in ["dlq.jsonl", "./dlq.jsonl", "link.jsonl", "hard.jsonl", absolute.as_str()] {
+        let o = w.run(&["redrive", "dlq.jsonl", "--to", to, "--yes"]);
+        assert_exit(&o, 2);
+        assert!(text(&o.stderr).contains("names the DLQ being redriven"), "{to}: {}", text(&o.stderr));
+        let o = w.run(&["redrive", "link.jsonl", "--to", to, "--yes"]);
+        assert_exit(&o, 2);
+    }
+    assert_eq!(std::fs::read(w.path("dlq.jsonl")).unwrap(), before);
+    assert!(!w.path("state").exists(), "refused before any audit log or checkpoint");
+}
+
+/// Two runs over one archive at once: the second waits briefly for the lock, then is refused
+/// with one line; whichever ran, every letter is in the DLQ or at a destination, and every
+/// line of every file is a whole letter.
+#[test]
+fn two_runs_over_one_archive_never_lose_a_letter() {
+    let (mut refused, mut duplicates) = (0, 0);
+    for trial in 0..trials() {
+        let w = Workspace::generated(20_000);
+        let originals = read(&w.path("dlq.jsonl"));
+        let start = |to: &str| {
+            w.dlqctl()
+                .args(["redrive", "dlq.jsonl", "--to", to, "--yes", "--rate", "unlimited", "-q"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let first = start("a.jsonl");
+        std::thread::sleep(Duration::from_millis(fastrand::u64(0..200)));
+        let second = start("b.jsonl");
+        let outputs = [first.wait_with_output().unwrap(), second.wait_with_output().unwrap()];
+        for o in &outputs {
+            if o.status.code() != Some(0) {
+                assert_exit(o, 1);
+                assert!(text(&o.stderr).contains("in use by another dlqctl run"), "{}", text(&o.stderr));
+                refused += 1;
+            }
+        }
+        assert!(outputs.iter().any(|o| o.status.success()), "trial {trial}: one of the two runs ran");
+        let copies: Vec<DeadLetter> = [read(&w.path("a.jsonl")), read(&w.path("b.jsonl"))].concat();
+        let (_, _, dup) = check_nothing_lost(&originals, &w.path("dlq.jsonl"), &copies);
+        assert_eq!(dup, 0, "trial {trial}: one run at a time copies each letter once");
+        duplicates += dup;
+    }
+    eprintln!(
+        "two runs at once over one archive: {} trials, {refused} refused run(s), 0 lost, {duplicates} duplicates",
+        trials()
+    );
+}
+
+/// A copy that failed again and came back to the DLQ carries its original's redrive id, and
+/// its checkpoint knows that id; `--resume` must leave it in the DLQ, not remove it as if it
+/// were the original whose copy was confirmed.
+#[test]
+fn resume_leaves_copies_that_came_back() {
+    for _ in 0..trials() {
+        let w = Workspace::with_sample();
+        let originals = read(&w.path("dlq.jsonl"));
+        let limit = fastrand::u64(1..100).to_string();
+        let o =
+            w.run(&["redrive", "dlq.jsonl", "--to", "out.jsonl", "--limit", &limit, "--yes", "--rate", "unlimited"]);
+        assert_exit(&o, 0);
+        let checkpoint = w.checkpoint();
+        // The consumer fails on the copies again: they die back into the DLQ (moved there by
+        // another run, with its own state, as a broker's own dead-lettering would).
+        let back = w
+            .dlqctl()
+            .env("XDG_STATE_HOME", w.path("other-state"))
+            .args(["redrive", "out.jsonl", "--to", "dlq.jsonl", "--yes", "--rate", "unlimited", "-q"])
+            .output()
+            .unwrap();
+        assert_exit(&back, 0);
+        let o = w.run(&[
+            "redrive",
+            "dlq.jsonl",
+            "--to",
+            "out.jsonl",
+            "--yes",
+            "--rate",
+            "unlimited",
+            "-o",
+            "json",
+            "--resume",
+            checkpoint.to_str().unwrap(),
+        ]);
+        let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert!(report["summary"]["returned"].as_u64().unwrap() >= 1, "{report}");
+        check_nothing_lost(&originals, &w.path("dlq.jsonl"), &read(&w.path("out.jsonl")));
+    }
+}
+
+/// Copies of 512 KiB in batches of 10 MiB, with `--timeout` at 50 ms: appends outlast the
+/// timeout. The wait is given up, never the write: no line of the destination is ever part of
+/// a copy, and nothing is lost.
+#[test]
+fn a_timeout_mid_write_never_leaves_part_of_a_copy() {
+    let w = Workspace { dir: tempfile::tempdir().unwrap() };
+    let originals: Vec<DeadLetter> = (0..60)
+        .map(|i| DeadLetter {
+            id: format!("big-{i}"),
+            body: Some(vec![b'a' + (i % 26) as u8; 512 * 1024]),
+            ..DeadLetter::default()
+        })
+        .collect();
+    let lines: Vec<u8> = originals.iter().flat_map(|l| l.json_line(&mut Vec::new()).to_vec()).collect();
+    std::fs::write(w.path("dlq.jsonl"), lines).unwrap();
+    let o = w.run(&[
+        "--timeout",
+        "0.05",
+        "redrive",
+        "dlq.jsonl",
+        "--to",
+        "out.jsonl",
+        "--batch",
+        "20",
+        "--retries",
+        "1",
+        "--max-consecutive-failures",
+        "1000",
+        "--yes",
+        "--rate",
+        "unlimited",
+        "-q",
+    ]);
+    assert!(matches!(o.status.code(), Some(0 | 1)), "{}", text(&o.stderr));
+    let (copies, unfinished) = read_whole_lines(&w.path("out.jsonl"));
+    assert!(!unfinished, "the destination ends in a whole line");
+    let (left, at_dest, _) = check_nothing_lost(&originals, &w.path("dlq.jsonl"), &copies);
+    eprintln!("timeout mid-write: exit {:?}, {left} left in the DLQ, {at_dest} copies", o.status.code());
+}
+
+/// A source the run cannot change (here: a folder it cannot write, as user nobody) is refused
+/// before any copy is published: no duplicate is left behind.
+#[test]
+fn a_source_that_cannot_be_changed_is_refused_before_publishing() {
+    let w = Workspace::with_sample();
+    let open = w.path("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::set_permissions(w.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let o = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", env!("CARGO_BIN_EXE_dlqctl")])
+        .args(["redrive", "dlq.jsonl", "--to", "open/out.jsonl", "--yes", "--rate", "unlimited"])
+        .current_dir(w.dir.path())
+        .env("XDG_STATE_HOME", open.join("state"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_exit(&o, 1);
+    assert!(text(&o.stderr).contains("cannot open archive dlq.jsonl for writing"), "{}", text(&o.stderr));
+    assert!(read(&open.join("out.jsonl")).is_empty(), "nothing was published");
 }

@@ -154,6 +154,14 @@ impl Broker for Bounded<dyn Broker> {
         }
     }
 
+    async fn begin_consume(&self) -> Result<()> {
+        self.within("getting ready to take messages", self.inner.begin_consume()).await
+    }
+
+    async fn end_consume(&self) -> Result<()> {
+        self.within("finishing the removal of moved messages", self.inner.end_consume()).await
+    }
+
     async fn receive(&self, max: usize) -> Result<Vec<Received>> {
         self.within("taking messages", self.inner.receive(max)).await
     }

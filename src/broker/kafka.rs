@@ -1322,6 +1322,14 @@ impl KafkaBroker {
     }
 }
 
+/// Whether `--to` names the DLQ itself: the same topic on a cluster the two bootstrap lists
+/// share a broker of.
+pub fn names_the_dlq(dlq: &KafkaTarget, to: &KafkaTarget) -> bool {
+    dlq.topic.is_some()
+        && dlq.topic == to.topic
+        && dlq.bootstrap.iter().any(|a| to.bootstrap.iter().any(|b| crate::target::same_address(a, b)))
+}
+
 /// The destination `--to kafka://HOST:PORT/TOPIC` names.
 pub fn destination_for(target: &KafkaTarget, shown: &str) -> Result<Destination> {
     let topic = target

@@ -81,8 +81,9 @@ fn as_seconds<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok,
 /// A backend's own token for a message it handed out, to settle or release it later.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Handle {
-    /// Position of the record in the archive file as it was when opened.
-    ArchiveRecord(u64),
+    /// A line of the archive file as it was when the run began: its index, and a digest of
+    /// its bytes so that settling can never remove another line.
+    ArchiveLine { index: u64, digest: u64 },
     /// An AMQP delivery tag on the backend's consuming channel.
     Delivery(u64),
     /// A key into the backend's own table (SQS receipt handles).
@@ -249,6 +250,19 @@ pub trait Broker: Send + Sync {
         Ok(())
     }
 
+    /// Get ready to take messages out, before anything is read or published: take what a run
+    /// must hold alone (an archive's lock) and check that settling will be possible, so that a
+    /// run that cannot remove what it copies fails before copying anything.
+    async fn begin_consume(&self) -> Result<()> {
+        if self.capabilities().consume { Ok(()) } else { Err(self.not_supported("receive messages")) }
+    }
+
+    /// The run that took messages out has ended: finish what settling left to do (an archive's
+    /// one rewrite) and let go of what `begin_consume` took.
+    async fn end_consume(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Take up to `max` messages out of view, each with a handle to settle or release.
     async fn receive(&self, _max: usize) -> Result<Vec<Received>> {
         Err(self.not_supported("receive messages"))
@@ -340,6 +354,19 @@ pub fn sink_destination(target: &Target) -> Result<Destination> {
         Target::Rabbitmq(t) => rabbitmq::destination_for(t, &target.to_string()),
         Target::Sqs(t) => sqs::destination_for(t, &target.to_string()),
         Target::Kafka(t) => kafka::destination_for(t, &target.to_string()),
+    }
+}
+
+/// Whether `--to` names the DLQ being read: the same file (by device and inode, through
+/// symlinks and hard links), queue or topic. Copies written there would be read again as
+/// dead letters, or, in an archive, rewritten away.
+pub fn names_the_same_dlq(dlq: &Target, to: &Target) -> bool {
+    match (dlq, to) {
+        (Target::Archive(ArchiveTarget::File(a)), Target::Archive(ArchiveTarget::File(b))) => archive::same_file(a, b),
+        (Target::Rabbitmq(a), Target::Rabbitmq(b)) => rabbitmq::names_the_dlq(a, b),
+        (Target::Sqs(a), Target::Sqs(b)) => sqs::names_the_dlq(a, b),
+        (Target::Kafka(a), Target::Kafka(b)) => kafka::names_the_dlq(a, b),
+        _ => false,
     }
 }
 

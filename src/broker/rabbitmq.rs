@@ -448,6 +448,21 @@ pub fn destination_for(target: &RabbitmqTarget, shown: &str) -> Result<Destinati
     Ok(amqp_destination(exchange, vec![routing_key]))
 }
 
+/// Whether `--to` names the DLQ itself: the same queue on the same broker and vhost, straight
+/// or through the default exchange. (An exchange that routes back into the DLQ cannot be told
+/// from here; such copies are noticed as they come back, and left in the DLQ.)
+pub fn names_the_dlq(dlq: &RabbitmqTarget, to: &RabbitmqTarget) -> bool {
+    let queue_to = match to.exchange.as_deref() {
+        None => to.queue.as_deref(),
+        Some("") => to.routing_key.as_deref().or(to.queue.as_deref()),
+        Some(_) => None,
+    };
+    queue_to.is_some()
+        && queue_to == dlq.queue.as_deref()
+        && dlq.vhost == to.vhost
+        && crate::target::same_address(&format!("{}:{}", dlq.host, dlq.port), &format!("{}:{}", to.host, to.port))
+}
+
 fn amqp_destination(exchange: String, mut keys: Vec<String>) -> Destination {
     let routing_key = if keys.is_empty() { String::new() } else { keys.remove(0) };
     let label = match (exchange.as_str(), keys.is_empty()) {

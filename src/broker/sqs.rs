@@ -991,6 +991,35 @@ impl Sink for SqsBroker {
     }
 }
 
+/// Whether `--to` names the DLQ itself: the same queue name, in the same account and region
+/// where both say theirs (a bare name says neither, and is taken to be the same).
+pub fn names_the_dlq(dlq: &SqsTarget, to: &SqsTarget) -> bool {
+    /// (account, region, name) as far as the target says them.
+    fn identity(t: &SqsTarget) -> Option<(Option<String>, Option<String>, String)> {
+        Some(match t.queue.as_ref()? {
+            SqsQueue::Name(n) => (None, t.region.clone(), n.clone()),
+            SqsQueue::Url(u) => {
+                let mut segments = u.trim_end_matches('/').rsplit('/');
+                let name = segments.next().unwrap_or_default().to_owned();
+                let account = segments.next().filter(|a| a.chars().all(|c| c.is_ascii_digit())).map(str::to_owned);
+                (account, t.region.clone(), name)
+            }
+            SqsQueue::Arn(a) => {
+                let region = a.split(':').nth(3).filter(|r| !r.is_empty()).map(str::to_owned);
+                let (account, name) = arn_parts(a);
+                (account.map(str::to_owned), region.or_else(|| t.region.clone()), name.to_owned())
+            }
+        })
+    }
+    let agree = |a: &Option<String>, b: &Option<String>| a.is_none() || b.is_none() || a == b;
+    match (identity(dlq), identity(to)) {
+        (Some((account_a, region_a, a)), Some((account_b, region_b, b))) => {
+            a == b && agree(&account_a, &account_b) && agree(&region_a, &region_b)
+        }
+        _ => false,
+    }
+}
+
 /// The destination `--to sqs://QUEUE` (or a URL or ARN) names.
 pub fn destination_for(target: &SqsTarget, shown: &str) -> Result<Destination> {
     let queue =

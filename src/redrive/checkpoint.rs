@@ -2,8 +2,13 @@
 //! kill -9 or a broker error. A message's redrive id is journalled (and fsynced) once its
 //! copy is confirmed and before the DLQ is asked to remove it, so a resumed run removes it
 //! without publishing it a second time.
+//!
+//! The journal keeps the redrive count each confirmed copy carries. That count is what tells
+//! the original apart from its copy when both carry the same redrive id: the original carries
+//! one less, while a copy that failed again and came back to the DLQ carries the journalled
+//! count itself. Only the original may be removed without a new copy.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -13,7 +18,10 @@ use serde::{Deserialize, Serialize};
 use super::private_file;
 use crate::error::{Error, Result};
 
-pub const CHECKPOINT_SCHEMA: &str = "dlqctl/redrive-checkpoint/v1";
+pub const CHECKPOINT_SCHEMA: &str = "dlqctl/redrive-checkpoint/v2";
+/// Written by earlier versions, without copy counts: resumable, but an id it journals can no
+/// longer prove which message is the original, so those are published again.
+const CHECKPOINT_SCHEMA_V1: &str = "dlqctl/redrive-checkpoint/v1";
 
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
 struct Header {
@@ -22,23 +30,44 @@ struct Header {
     to: Option<String>,
 }
 
+/// A confirmed copy: its redrive id and the redrive count it carries.
 #[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum Line {
-    Published(String),
-    Settled(String),
+struct Published {
+    published: String,
+    count: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Settled {
+    settled: String,
+}
+
+/// What the checkpoint says of a message that carries a journalled redrive id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// Not journalled: nothing is known of it.
+    New,
+    /// The original of a confirmed copy: it may be removed without publishing again.
+    Original,
+    /// A confirmed copy (or a later one) that came back to the DLQ: it is not the original,
+    /// and removing it would lose it.
+    ReturnedCopy,
+    /// Journalled without a count (a v1 checkpoint): which one it is cannot be told, so it is
+    /// treated as new and published again (a duplicate with the same redrive id, never a loss).
+    Unproven,
 }
 
 pub struct Checkpoint {
     path: PathBuf,
     out: BufWriter<File>,
-    published: HashSet<String>,
+    /// Redrive id -> the redrive count its confirmed copy carries (`None`: a v1 line).
+    published: HashMap<String, Option<u64>>,
 }
 
 impl Checkpoint {
     pub fn create(path: &Path, dlq: &str, to: Option<&str>) -> Result<Checkpoint> {
         let mut checkpoint =
-            Checkpoint { path: path.to_path_buf(), out: private_file(path, false)?, published: HashSet::new() };
+            Checkpoint { path: path.to_path_buf(), out: locked(path, false)?, published: HashMap::new() };
         let header = Header { checkpoint: CHECKPOINT_SCHEMA.into(), dlq: dlq.into(), to: to.map(str::to_owned) };
         checkpoint.append(&header, true)?;
         Ok(checkpoint)
@@ -54,7 +83,7 @@ impl Checkpoint {
             .ok_or_else(|| bad("it is empty".into()))?
             .map_err(|e| bad(e.to_string()))
             .and_then(|l| serde_json::from_str(&l).map_err(|_| bad("it is not a dlqctl checkpoint".into())))?;
-        if header.checkpoint != CHECKPOINT_SCHEMA {
+        if header.checkpoint != CHECKPOINT_SCHEMA && header.checkpoint != CHECKPOINT_SCHEMA_V1 {
             return Err(bad(format!("unsupported checkpoint version {:?}", header.checkpoint)));
         }
         if header.dlq != dlq || header.to.as_deref() != to {
@@ -65,38 +94,52 @@ impl Checkpoint {
                 to.unwrap_or("the sources")
             )));
         }
-        let mut published = HashSet::new();
+        let mut published = HashMap::new();
         for line in lines {
             let line = line.map_err(|e| bad(e.to_string()))?;
             // A kill can cut the last line short; what it would have said is not needed.
-            if let Ok(Line::Published(id)) = serde_json::from_str(&line) {
-                published.insert(id);
+            if let Ok(p) = serde_json::from_str::<Published>(&line) {
+                published.insert(p.published, Some(p.count));
+            } else if let Ok(serde_json::Value::Object(v1)) = serde_json::from_str(&line)
+                && let Some(serde_json::Value::String(id)) = v1.get("published")
+            {
+                published.entry(id.clone()).or_insert(None);
             }
         }
-        Ok(Checkpoint { path: path.to_path_buf(), out: private_file(path, true)?, published })
+        Ok(Checkpoint { path: path.to_path_buf(), out: locked(path, true)?, published })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    /// Whether an earlier run already had this message's copy confirmed.
-    pub fn was_published(&self, redrive_id: &str) -> bool {
-        self.published.contains(redrive_id)
+    /// What this run, or the run it resumes, knows of a message with this redrive id that
+    /// carries `count` (its redrive count).
+    pub fn seen(&self, redrive_id: &str, count: u64) -> Seen {
+        match self.published.get(redrive_id) {
+            None => Seen::New,
+            Some(None) => Seen::Unproven,
+            Some(Some(copy)) if count + 1 == *copy => Seen::Original,
+            Some(Some(copy)) if count >= *copy => Seen::ReturnedCopy,
+            // An older duplicate (a copy from an earlier redrive still in the DLQ): not the
+            // message whose copy was confirmed, so it is published like any other.
+            Some(Some(_)) => Seen::New,
+        }
     }
 
-    /// Journal confirmed copies, durably, before their originals are removed.
-    pub fn record_published(&mut self, ids: &[&str]) -> Result<()> {
-        for id in ids {
-            self.append(&Line::Published((*id).to_owned()), false)?;
-            self.published.insert((*id).to_owned());
+    /// Journal confirmed copies (redrive id, the count the copy carries), durably, before
+    /// their originals are removed.
+    pub fn record_published(&mut self, copies: &[(&str, u64)]) -> Result<()> {
+        for &(id, count) in copies {
+            self.append(&Published { published: id.to_owned(), count }, false)?;
+            self.published.insert(id.to_owned(), Some(count));
         }
         self.sync()
     }
 
     pub fn record_settled(&mut self, ids: &[&str]) -> Result<()> {
         for id in ids {
-            self.append(&Line::Settled((*id).to_owned()), false)?;
+            self.append(&Settled { settled: (*id).to_owned() }, false)?;
         }
         self.out.flush().map_err(|e| self.error(e))
     }
@@ -117,6 +160,20 @@ impl Checkpoint {
     }
 }
 
+/// The checkpoint file, locked for this run: two runs resuming one checkpoint at once would
+/// each take the other's journalled copies for unconfirmed ones.
+fn locked(path: &Path, append: bool) -> Result<BufWriter<File>> {
+    let out = private_file(path, append)?;
+    match out.get_ref().try_lock() {
+        Ok(()) => Ok(out),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Error::Runtime(format!(
+            "checkpoint {} is in use by another dlqctl run: wait for that run to end, then resume",
+            path.display()
+        ))),
+        Err(std::fs::TryLockError::Error(e)) => Err(Error::io(format!("cannot lock checkpoint {}", path.display()), e)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,7 +184,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("run.checkpoint.jsonl");
         let mut c = Checkpoint::create(&path, "q.jsonl", Some("archive out.jsonl")).unwrap();
-        c.record_published(&["a", "b"]).unwrap();
+        c.record_published(&[("a", 1), ("b", 3)]).unwrap();
         c.record_settled(&["a"]).unwrap();
         drop(c);
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
@@ -135,13 +192,43 @@ mod tests {
         std::fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(b"{\"publ").unwrap();
 
         let mut c = Checkpoint::resume(&path, "q.jsonl", Some("archive out.jsonl")).unwrap();
-        assert!(c.was_published("a") && c.was_published("b") && !c.was_published("c"));
+        assert_eq!(c.seen("a", 0), Seen::Original);
+        assert_eq!(c.seen("b", 2), Seen::Original);
+        assert_eq!(c.seen("c", 0), Seen::New);
         // What the resumed run records is not glued to the torn line: a second resume sees it.
-        c.record_published(&["c"]).unwrap();
+        c.record_published(&[("c", 1)]).unwrap();
         drop(c);
         let c = Checkpoint::resume(&path, "q.jsonl", Some("archive out.jsonl")).unwrap();
-        assert!(c.was_published("a") && c.was_published("b") && c.was_published("c"));
+        assert_eq!([c.seen("a", 0), c.seen("b", 2), c.seen("c", 0)], [Seen::Original; 3]);
         let err = Checkpoint::resume(&path, "other.jsonl", Some("archive out.jsonl")).map(|_| ()).unwrap_err();
         assert!(err.to_string().contains("belongs to a redrive of q.jsonl"), "{err}");
+    }
+
+    #[test]
+    fn a_copy_that_came_back_is_told_from_its_original() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.checkpoint.jsonl");
+        let mut c = Checkpoint::create(&path, "q", None).unwrap();
+        c.record_published(&[("a", 2)]).unwrap();
+        drop(c);
+        let c = Checkpoint::resume(&path, "q", None).unwrap();
+        assert_eq!(c.seen("a", 1), Seen::Original);
+        assert_eq!(c.seen("a", 2), Seen::ReturnedCopy, "the copy itself, dead-lettered again");
+        assert_eq!(c.seen("a", 3), Seen::ReturnedCopy, "a later copy still is not the original");
+        assert_eq!(c.seen("a", 0), Seen::New, "an older duplicate is published again, never dropped");
+    }
+
+    #[test]
+    fn a_v1_checkpoint_resumes_without_removing_anything_unproven() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.checkpoint.jsonl");
+        std::fs::write(
+            &path,
+            "{\"checkpoint\":\"dlqctl/redrive-checkpoint/v1\",\"dlq\":\"q\",\"to\":null}\n{\"published\":\"a\"}\n",
+        )
+        .unwrap();
+        let c = Checkpoint::resume(&path, "q", None).unwrap();
+        assert_eq!(c.seen("a", 0), Seen::Unproven);
+        assert_eq!(c.seen("b", 0), Seen::New);
     }
 }

@@ -3,7 +3,7 @@
 //! leaves the original where it was; a copy whose original could not be removed is the
 //! only possible duplicate, and it carries the same redrive id.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -11,7 +11,7 @@ use chrono::Utc;
 use serde::Serialize;
 
 use super::audit::{self, AuditLog, Entry, Outcome};
-use super::checkpoint::Checkpoint;
+use super::checkpoint::{Checkpoint, Seen};
 use super::select::Selection;
 use super::throttle::{Rate, Throttle};
 use super::{outgoing, redrive_count, redrive_id};
@@ -96,10 +96,8 @@ impl Engine<'_> {
         let throttle = Throttle::new(self.options.rate);
         let mut summary = Summary::default();
         // Redrive ids handled in this run: a released message that comes round again is not
-        // handled twice, and a moved one that comes back is noticed.
+        // handled twice.
         let mut seen = HashSet::new();
-        // Redrive ids moved in this run, with the redrive count their copies carry.
-        let mut moved: HashMap<String, u64> = HashMap::new();
         let mut consecutive_failures = 0u32;
         let mut last_failure = String::new();
         let now = Utc::now();
@@ -126,9 +124,11 @@ impl Engine<'_> {
             let mut from_checkpoint: Vec<(Received, String)> = Vec::new();
             for r in received {
                 let id = redrive_id(&r.letter);
-                // A copy of this run's own coming back carries the count this run gave it; an
-                // older duplicate (left by a crash) carries less and is simply left alone.
-                if moved.get(&id) == Some(&redrive_count(&r.letter)) {
+                // The checkpoint knows every copy this run (or the run it resumes) had confirmed,
+                // with the count it carries: a copy that failed again and came back is left in
+                // the DLQ, and only a provable original is removed without a new copy.
+                let journalled = self.checkpoint.seen(&id, redrive_count(&r.letter));
+                if journalled == Seen::ReturnedCopy {
                     summary.returned += 1;
                     self.log(&r.letter, &id, None, Outcome::Returned, None)?;
                     release.push(r.handle);
@@ -157,7 +157,7 @@ impl Engine<'_> {
                     continue;
                 }
                 summary.selected += 1;
-                if self.checkpoint.was_published(&id) {
+                if journalled == Seen::Original {
                     from_checkpoint.push((r, id));
                     continue;
                 }
@@ -197,7 +197,8 @@ impl Engine<'_> {
                     }
                 }
             }
-            let newly_published: Vec<&str> = confirmed.iter().map(|(_, id, _)| id.as_str()).collect();
+            let newly_published: Vec<(&str, u64)> =
+                confirmed.iter().map(|(r, id, _)| (id.as_str(), redrive_count(&r.letter) + 1)).collect();
             self.checkpoint.record_published(&newly_published)?;
             confirmed.extend(from_checkpoint.into_iter().map(|(r, id)| (r, id, None)));
 
@@ -210,7 +211,6 @@ impl Engine<'_> {
                             None => (Outcome::SettledFromCheckpoint, None),
                         };
                         self.log(&r.letter, id, label, outcome, None)?;
-                        moved.insert(id.clone(), redrive_count(&r.letter) + 1);
                     }
                     summary.moved += confirmed.len() as u64;
                     let ids: Vec<&str> = confirmed.iter().map(|(_, id, _)| id.as_str()).collect();
@@ -223,6 +223,8 @@ impl Engine<'_> {
                         self.log(&r.letter, id, label, Outcome::NotSettled, Some(&why))?;
                     }
                     summary.not_settled += confirmed.len() as u64;
+                    // Back in the DLQ, not held until the connection drops or a hold runs out.
+                    release.extend(handles);
                     summary.stopped = Some(format!(
                         "the DLQ refused to remove {} message(s) whose copies were confirmed ({e}); they are \
                          journalled in the checkpoint, so --resume removes them without publishing again",
@@ -254,6 +256,9 @@ impl Engine<'_> {
         }
         if let Err(e) = self.source.release(&held).await {
             summary.stopped.get_or_insert(format!("returning unmoved messages to the DLQ failed: {e}"));
+        }
+        if let Err(e) = self.source.end_consume().await {
+            summary.stopped.get_or_insert(format!("finishing the removal of moved messages failed: {e}"));
         }
         self.audit.flush()?;
         summary.still_in_dlq = self.source.describe().await.ok().and_then(|d| d.depth);

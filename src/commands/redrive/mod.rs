@@ -22,6 +22,7 @@ use crate::redrive::default_runs_dir;
 use crate::redrive::engine::{Engine, Options, Summary};
 use crate::redrive::plan::{self, Plan};
 use crate::redrive::select::Selection;
+use crate::target::mask_input;
 
 /// Whether this redrive is the broker's own server-side move, and why (either way); an error
 /// when `--mode server` was asked for something only a client-side move can do.
@@ -96,7 +97,37 @@ pub async fn run(ctx: &mut Context, args: &RedriveArgs) -> Result<()> {
         ctx.out.note(&format!("path: client-side move by dlqctl ({why})"));
     }
     let to = args.to.as_deref().map(|t| ctx.config.resolve(t)).transpose()?;
+    if let Some(to) = &to
+        && broker::names_the_same_dlq(&target, to)
+    {
+        return Err(Error::Usage(format!(
+            "--to {to} names the DLQ being redriven ({dlq}): its copies would land back where they came from; \
+             name another queue, topic or file"
+        )));
+    }
     let fixed_destination: Option<Destination> = to.as_ref().map(broker::sink_destination).transpose()?;
+    if to.is_none() && source.source_sink().is_none() {
+        return Err(Error::Usage(format!(
+            "{dlq} cannot send letters back to their sources itself: {}; name the destination with --to \
+             (for example --to rabbitmq://HOST/VHOST/QUEUE, sqs://QUEUE or kafka://HOST:PORT/TOPIC)",
+            if source.backend() == "archive" {
+                "an archive records which queue or topic each letter came from, not how to reach that broker"
+            } else {
+                "this backend cannot publish"
+            }
+        )));
+    }
+    if !args.dry_run {
+        // Before the plan, the audit log and the checkpoint: a run that could not remove what
+        // it copies (stdin, a read-only archive, one another run holds) stops here, having
+        // published nothing and left nothing behind.
+        source.begin_consume().await.map_err(|e| match e {
+            Error::NotSupported { why, .. } => {
+                Error::Usage(format!("cannot redrive {dlq}: a redrive removes what it moves, and {why}"))
+            }
+            other => other,
+        })?;
+    }
 
     let needs_prompt = needs_prompt(args, &dlq)?;
     // What the progress bar counts towards: the plan's count when there is one.
@@ -182,7 +213,44 @@ pub async fn run(ctx: &mut Context, args: &RedriveArgs) -> Result<()> {
     .await?;
     progress.finish();
     print_summary(ctx, &dlq, &summary)?;
-    verdict(&summary, &audit, &checkpoint)
+    verdict(&summary, &audit, &resume_command(args, &checkpoint))
+}
+
+/// The command that continues this run: the targets as the operator typed them (passwords
+/// masked) and every flag that decides what moves and where; `--yes` is left to the operator.
+fn resume_command(args: &RedriveArgs, checkpoint: &Checkpoint) -> String {
+    let mut words = vec!["dlqctl".to_owned(), "redrive".to_owned(), mask_input(&args.read.target)];
+    let mut flag = |name: &str, value: Option<String>| {
+        words.push(name.to_owned());
+        words.extend(value);
+    };
+    if let Some(to) = &args.to {
+        flag("--to", Some(mask_input(to)));
+    }
+    for filter in &args.read.filters {
+        flag("--where", Some(filter.clone()));
+    }
+    if let Some(max) = args.max_redrives {
+        flag("--max-redrives", Some(max.to_string()));
+    }
+    if args.read.skip_invalid {
+        flag("--skip-invalid", None);
+    }
+    if args.keep_partition {
+        flag("--keep-partition", None);
+    }
+    flag("--resume", Some(checkpoint.path().display().to_string()));
+    words.iter().map(|w| shell_quoted(w)).collect::<Vec<_>>().join(" ")
+}
+
+/// `word` as a POSIX shell reads it back: bare when it is plain, else in single quotes.
+fn shell_quoted(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_./:=@%+,-".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
 }
 
 /// Whether to ask before moving; a refusal when asking is needed and there is no terminal.
@@ -281,8 +349,7 @@ fn print_summary(ctx: &mut Context, dlq: &str, s: &Summary) -> Result<()> {
 
 /// The exit: 0 when everything selected moved, 130 when interrupted, else 1, with one line
 /// saying what to do next.
-fn verdict(s: &Summary, audit: &AuditLog, checkpoint: &Checkpoint) -> Result<()> {
-    let resume = format!("--resume {}", checkpoint.path().display());
+fn verdict(s: &Summary, audit: &AuditLog, resume: &str) -> Result<()> {
     if s.interrupted {
         return Err(Error::Finished {
             code: 130,

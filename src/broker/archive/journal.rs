@@ -1,0 +1,247 @@
+//! Settling from an archive in time linear in what is settled. Rewriting the file at every
+//! batch made a redrive quadratic in the archive's size; instead each settled batch is one
+//! fsynced line of a journal beside the archive (`.NAME.dlqctl-settled`), and the file is
+//! rewritten once, when the run ends (or, after a crash, when the next run begins).
+//!
+//! A journal entry names a line by its index in the file and a digest of its bytes: a line is
+//! dropped only when both match, so a journal left beside a file that changed since can at
+//! worst leave a letter in place (a duplicate), never remove another one. Entries are written
+//! in the order the file is read, so the journal and the file are read side by side, in
+//! constant memory; an entry out of order is passed over, which again only keeps a line.
+//!
+//! Readers (peek, describe, export) skip the journalled lines too, so what a killed run
+//! settled stays settled for them before any rewrite.
+
+use std::fs::File;
+use std::hash::Hasher;
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// A line of the archive as the journal names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LineId {
+    /// 0-based, counting every line (blank ones too).
+    pub index: u64,
+    pub digest: u64,
+}
+
+/// A digest of a line's bytes (as read, newline included); it only has to tell a changed
+/// line from the journalled one.
+pub fn digest(line: &[u8]) -> u64 {
+    let mut hasher = std::hash::DefaultHasher::new();
+    hasher.write(line);
+    hasher.finish()
+}
+
+pub fn journal_path(archive: &Path) -> PathBuf {
+    let name = archive.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    archive.with_file_name(format!(".{name}.dlqctl-settled"))
+}
+
+/// The journal of the run that holds the archive's lock.
+pub struct Journal {
+    path: PathBuf,
+    out: BufWriter<File>,
+}
+
+impl Journal {
+    /// Start an empty journal (the caller has compacted any earlier one away).
+    pub fn create(archive: &Path) -> Result<Journal> {
+        let path = journal_path(archive);
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| Error::io(format!("cannot create the settle journal {}", path.display()), e))?;
+        Ok(Journal { path, out: BufWriter::new(file) })
+    }
+
+    /// Journal these lines as settled, durably: once this returns they are gone from the DLQ.
+    pub fn settle(&mut self, lines: &[LineId]) -> Result<()> {
+        let pairs: Vec<(u64, u64)> = lines.iter().map(|l| (l.index, l.digest)).collect();
+        let fail = |e: std::io::Error| Error::io(format!("cannot write the settle journal {}", self.path.display()), e);
+        serde_json::to_writer(&mut self.out, &pairs).map_err(|e| fail(e.into()))?;
+        self.out.write_all(b"\n").map_err(fail)?;
+        self.out.flush().map_err(fail)?;
+        self.out.get_ref().sync_data().map_err(fail)
+    }
+}
+
+/// The settled lines of a journal, in the order they were written. A line a crash cut short
+/// (no newline, or not a whole JSON array) settled nothing: its batch was never confirmed.
+pub struct Settled {
+    lines: Option<BufReader<File>>,
+    pending: std::vec::IntoIter<(u64, u64)>,
+    next: Option<LineId>,
+}
+
+impl Settled {
+    /// The journal beside `archive`, or an empty one.
+    pub fn open(archive: &Path) -> Result<Settled> {
+        let path = journal_path(archive);
+        let lines = match File::open(&path) {
+            Ok(file) => Some(BufReader::new(file)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(Error::io(format!("cannot read the settle journal {}", path.display()), e)),
+        };
+        let mut settled = Settled { lines, pending: Vec::new().into_iter(), next: None };
+        settled.advance();
+        Ok(settled)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.next.is_none()
+    }
+
+    fn advance(&mut self) {
+        self.next = loop {
+            if let Some((index, digest)) = self.pending.next() {
+                break Some(LineId { index, digest });
+            }
+            let Some(lines) = &mut self.lines else { break None };
+            let mut line = Vec::new();
+            match lines.read_until(b'\n', &mut line) {
+                Ok(n) if n > 0 && line.ends_with(b"\n") => {
+                    // A line that does not parse (torn by power loss) settled nothing.
+                    self.pending = serde_json::from_slice::<Vec<(u64, u64)>>(&line).unwrap_or_default().into_iter();
+                }
+                _ => self.lines = None,
+            }
+        };
+    }
+
+    /// Whether the line at `index` with these bytes' `digest` was settled. Call with
+    /// increasing indices.
+    pub fn contains(&mut self, line: LineId) -> bool {
+        while let Some(next) = self.next {
+            if next.index > line.index {
+                return false;
+            }
+            self.advance();
+            if next == line {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// Rewrite `archive` without the lines its journal settled, then remove the journal. Crash-safe:
+/// the new file is written beside the old, fsynced, and renamed over it; a crash before the
+/// rename leaves the old file and the journal, one after it a journal whose digests no longer
+/// match where they point (removed by the next compaction). Call only while holding the lock.
+pub fn compact(archive: &Path) -> Result<()> {
+    let mut settled = Settled::open(archive)?;
+    let journal = journal_path(archive);
+    if settled.is_empty() {
+        return remove(&journal);
+    }
+    let context = |what: &str| format!("cannot {what} while removing settled letters from {}", archive.display());
+    let source = File::open(archive).map_err(|e| Error::io(context("read"), e))?;
+    let permissions = source.metadata().map_err(|e| Error::io(context("read"), e))?.permissions();
+    let (tmp, out) = temporary_beside(archive).map_err(|e| Error::io(context("create a temporary file"), e))?;
+    let written = (|| -> std::io::Result<()> {
+        let mut input = BufReader::with_capacity(super::READ_BUFFER, source);
+        let mut output = BufWriter::with_capacity(super::READ_BUFFER, &out);
+        let mut line = Vec::new();
+        let mut index = 0u64;
+        loop {
+            line.clear();
+            if input.read_until(b'\n', &mut line)? == 0 {
+                break;
+            }
+            if !settled.contains(LineId { index, digest: digest(&line) }) {
+                output.write_all(&line)?;
+            }
+            index += 1;
+        }
+        output.flush()?;
+        drop(output);
+        out.set_permissions(permissions)?;
+        out.sync_all()
+    })();
+    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, archive)) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(Error::io(context("write"), e));
+    }
+    sync_dir(archive);
+    remove(&journal)
+}
+
+/// A new file beside `path` that no other run can have chosen.
+fn temporary_beside(path: &Path) -> std::io::Result<(PathBuf, File)> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    loop {
+        let tmp = path.with_file_name(format!(".{name}.dlqctl-{}-{:08x}.tmp", std::process::id(), fastrand::u32(..)));
+        match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp) {
+            Ok(file) => return Ok((tmp, file)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Make a rename durable (best effort: not every file system can sync a directory).
+fn sync_dir(path: &Path) {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if let Ok(dir) = File::open(dir) {
+        let _ = dir.sync_all();
+    }
+}
+
+fn remove(journal: &Path) -> Result<()> {
+    match std::fs::remove_file(journal) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(format!("cannot remove the settle journal {}", journal.display()), e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(path: &Path) -> Vec<String> {
+        std::fs::read_to_string(path).unwrap().lines().map(str::to_owned).collect()
+    }
+
+    fn id(index: u64, line: &str) -> LineId {
+        LineId { index, digest: digest(format!("{line}\n").as_bytes()) }
+    }
+
+    #[test]
+    fn compaction_drops_exactly_the_journalled_lines_whose_bytes_match() {
+        let dir = tempfile::tempdir().unwrap();
+        let archive = dir.path().join("dlq.jsonl");
+        std::fs::write(&archive, "a\nb\nc\nd\ne\n").unwrap();
+        let mut journal = Journal::create(&archive).unwrap();
+        journal.settle(&[id(0, "a"), id(2, "c")]).unwrap();
+        // Index 3 journalled with other bytes (the file changed under it): kept.
+        journal.settle(&[id(3, "x"), id(4, "e")]).unwrap();
+        drop(journal);
+        // A batch a crash cut short settled nothing.
+        std::fs::OpenOptions::new().append(true).open(journal_path(&archive)).unwrap().write_all(b"[[1,").unwrap();
+        compact(&archive).unwrap();
+        assert_eq!(lines(&archive), ["b", "d"]);
+        assert!(!journal_path(&archive).exists());
+        let leftovers = std::fs::read_dir(dir.path()).unwrap().count();
+        assert_eq!(leftovers, 1, "no temporary file left");
+    }
+
+    #[test]
+    fn entries_out_of_order_only_keep_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let archive = dir.path().join("dlq.jsonl");
+        std::fs::write(&archive, "a\nb\nc\n").unwrap();
+        let mut journal = Journal::create(&archive).unwrap();
+        journal.settle(&[id(2, "c"), id(0, "a")]).unwrap();
+        drop(journal);
+        compact(&archive).unwrap();
+        assert_eq!(lines(&archive), ["a", "b"]);
+    }
+}

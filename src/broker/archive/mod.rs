@@ -1,0 +1,349 @@
+//! The JSONL archive backend: a file (or stdin) of `dlqctl/dead-letter/v1` lines.
+//!
+//! It is the embedded default, works with no broker at all, and is what `export` writes.
+//! As a redrive source it is locked for the run (`lock`), settles into a journal beside the
+//! file and rewrites the file once at the end (`journal`); as a destination it appends under
+//! the same lock (`sink`).
+
+mod journal;
+mod lock;
+mod sink;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::Utc;
+use futures::StreamExt;
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, BufReader};
+
+use super::{Broker, Capabilities, Description, Handle, LetterStream, OpenOptions, Received};
+use crate::error::{Error, Result};
+use crate::model::{DeadLetter, Keep};
+use crate::target::ArchiveTarget;
+use journal::{Journal, LineId, Settled};
+pub use lock::same_file;
+pub use sink::ArchiveSink;
+
+const READ_BUFFER: usize = 256 * 1024;
+/// How long a run waits for an archive's lock: long enough for another run's append to end,
+/// short enough that a run holding the file for good is reported at once.
+const LOCK_PATIENCE: Duration = Duration::from_secs(3);
+
+pub struct ArchiveBroker {
+    target: ArchiveTarget,
+    skip_invalid: bool,
+    keep: Keep,
+    skipped: AtomicU64,
+    first_skipped_line: AtomicU64,
+    consumer: tokio::sync::Mutex<Option<Consumer>>,
+}
+
+/// What a run taking letters out of the file holds: the file's lock, its reader (the file as
+/// it was when the run began, so line numbers stay stable) and its settle journal.
+struct Consumer {
+    lines: LineReader,
+    journal: Journal,
+    _lock: std::fs::File,
+}
+
+impl ArchiveBroker {
+    pub async fn open(target: ArchiveTarget, options: &OpenOptions) -> Result<Self> {
+        if let ArchiveTarget::File(path) = &target {
+            // Fail now, with the path, rather than on first read.
+            tokio::fs::metadata(path).await.map_err(|e| open_error(path, e))?;
+        }
+        Ok(ArchiveBroker {
+            target,
+            skip_invalid: options.skip_invalid,
+            keep: Keep { bodies: options.bodies, headers: options.headers },
+            skipped: AtomicU64::new(0),
+            first_skipped_line: AtomicU64::new(0),
+            consumer: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    fn name(&self) -> String {
+        match &self.target {
+            ArchiveTarget::File(p) => p.display().to_string(),
+            ArchiveTarget::Stdin => "<stdin>".into(),
+        }
+    }
+
+    fn file(&self, operation: &'static str) -> Result<&Path> {
+        match &self.target {
+            ArchiveTarget::File(p) => Ok(p),
+            ArchiveTarget::Stdin => Err(Error::NotSupported {
+                backend: self.backend(),
+                operation,
+                why: "an archive read from stdin can only be read once; save it to a .jsonl file first".into(),
+            }),
+        }
+    }
+
+    /// A reader of the file as it is now, skipping what a run has settled but not yet removed.
+    async fn reader(&self) -> Result<LineReader> {
+        let (input, settled): (Box<dyn AsyncBufRead + Unpin + Send>, _) = match &self.target {
+            ArchiveTarget::Stdin => (Box::new(BufReader::with_capacity(READ_BUFFER, tokio::io::stdin())), None),
+            ArchiveTarget::File(path) => {
+                let file = tokio::fs::File::open(path).await.map_err(|e| open_error(path, e))?;
+                let settled = Settled::open(path)?;
+                (Box::new(BufReader::with_capacity(READ_BUFFER, file)), (!settled.is_empty()).then_some(settled))
+            }
+        };
+        Ok(LineReader {
+            input,
+            name: self.name(),
+            keep: self.keep,
+            line_no: 0,
+            buf: Vec::with_capacity(4096),
+            digests: false,
+            settled,
+        })
+    }
+
+    /// Take the file for a run that removes letters from it: its lock (refused while another
+    /// run holds it), what a killed run settled removed for good, and a journal of its own.
+    /// Creating the journal also proves the file's folder can be written, before any copy
+    /// is published.
+    fn consume(&self, path: &Path) -> Result<Consumer> {
+        let lock = lock::lock_file_waiting(path, LOCK_PATIENCE).map_err(|e| match e {
+            lock::LockError::Busy => Error::Runtime(format!(
+                "archive {} is in use by another dlqctl run (one moving letters out of it or into it): wait for \
+                 that run to end, then run this again",
+                path.display()
+            )),
+            lock::LockError::Io(e) => Error::Runtime(format!(
+                "cannot open archive {} for writing, which moving letters out of it needs: {e}",
+                path.display()
+            )),
+        })?;
+        journal::compact(path)?;
+        let journal = Journal::create(path)?;
+        let file = std::fs::File::open(path).map_err(|e| open_error(path, e))?;
+        let lines = LineReader {
+            input: Box::new(BufReader::with_capacity(READ_BUFFER, tokio::fs::File::from_std(file))),
+            name: self.name(),
+            keep: self.keep,
+            line_no: 0,
+            buf: Vec::with_capacity(4096),
+            digests: true,
+            settled: None,
+        };
+        Ok(Consumer { lines, journal, _lock: lock })
+    }
+
+    /// The next dead letter, honouring `--skip-invalid`.
+    async fn next_letter(&self, lines: &mut LineReader) -> Option<Result<(LineId, DeadLetter)>> {
+        loop {
+            match lines.next().await? {
+                Err(Error::InvalidRecord { line, .. }) if self.skip_invalid => {
+                    if self.skipped.fetch_add(1, Ordering::Relaxed) == 0 {
+                        self.first_skipped_line.store(line, Ordering::Relaxed);
+                    }
+                }
+                other => return Some(other),
+            }
+        }
+    }
+}
+
+fn open_error(path: &Path, e: std::io::Error) -> Error {
+    Error::Runtime(format!(
+        "cannot open archive {}: {e} (a target is a .jsonl file, a URL such as rabbitmq://, sqs://, kafka://, \
+         or a name under [targets] in the config file)",
+        path.display()
+    ))
+}
+
+struct LineReader {
+    input: Box<dyn AsyncBufRead + Unpin + Send>,
+    name: String,
+    keep: Keep,
+    line_no: u64,
+    buf: Vec<u8>,
+    /// Whether each line's digest is needed (to journal it when settled).
+    digests: bool,
+    /// Lines a run settled and has not yet removed from the file: passed over.
+    settled: Option<Settled>,
+}
+
+impl LineReader {
+    /// The next non-blank, unsettled line as a dead letter.
+    async fn next(&mut self) -> Option<Result<(LineId, DeadLetter)>> {
+        loop {
+            self.buf.clear();
+            match self.input.read_until(b'\n', &mut self.buf).await {
+                Ok(0) => return None,
+                Ok(_) => {}
+                Err(e) => {
+                    return Some(Err(Error::io(format!("cannot read archive {}", self.name), e)));
+                }
+            }
+            let index = self.line_no;
+            self.line_no += 1;
+            let line_id = match (self.digests, &mut self.settled) {
+                (false, None) => LineId { index, digest: 0 },
+                (_, settled) => {
+                    let id = LineId { index, digest: journal::digest(&self.buf) };
+                    if settled.as_mut().is_some_and(|s| s.contains(id)) {
+                        continue;
+                    }
+                    id
+                }
+            };
+            let line = self.buf.trim_ascii();
+            if line.is_empty() {
+                continue;
+            }
+            return Some(DeadLetter::from_archive_line(line, self.keep).map(|letter| (line_id, letter)).map_err(|e| {
+                Error::InvalidRecord {
+                    source_name: self.name.clone(),
+                    line: index + 1,
+                    message: format!("not a dead letter: {}", without_position(&e)),
+                }
+            }));
+        }
+    }
+}
+
+/// serde_json appends "at line 1 column N"; within one JSONL line only the column helps.
+fn without_position(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    match text.rfind(" at line ") {
+        Some(i) => format!("{} (column {})", &text[..i], e.column()),
+        None => text,
+    }
+}
+
+#[async_trait]
+impl Broker for ArchiveBroker {
+    fn backend(&self) -> &'static str {
+        "archive"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            peek: true,
+            peek_cost: None,
+            consume: matches!(self.target, ArchiveTarget::File(_)),
+            server_move: false,
+        }
+    }
+
+    async fn describe(&self) -> Result<Description> {
+        let mut lines = self.reader().await?;
+        let mut depth = 0u64;
+        let mut oldest = None;
+        let mut sources = BTreeSet::new();
+        while let Some(next) = self.next_letter(&mut lines).await {
+            let (_, letter) = next?;
+            depth += 1;
+            if let Some(t) = letter.failed_at() {
+                oldest = Some(oldest.map_or(t, |o: chrono::DateTime<Utc>| o.min(t)));
+            }
+            if let Some(name) = letter.source.name {
+                sources.insert(name);
+            }
+        }
+        Ok(Description {
+            target: self.name(),
+            name: self.name(),
+            kind: "archive",
+            depth: Some(depth),
+            oldest_age: oldest.map(|t| (Utc::now() - t).to_std().unwrap_or(Duration::ZERO)),
+            retention: None,
+            sources: sources.into_iter().collect(),
+            capabilities: self.capabilities(),
+            notes: self.read_notes(),
+        })
+    }
+
+    async fn list(&self) -> Result<Vec<Description>> {
+        Ok(vec![self.describe().await?])
+    }
+
+    async fn peek(&self, limit: Option<u64>) -> Result<LetterStream<'_>> {
+        let lines = self.reader().await?;
+        let remaining = limit.unwrap_or(u64::MAX);
+        Ok(futures::stream::unfold((lines, remaining), move |(mut lines, remaining)| async move {
+            if remaining == 0 {
+                return None;
+            }
+            let next = self.next_letter(&mut lines).await?;
+            Some((next.map(|(_, letter)| letter), (lines, remaining - 1)))
+        })
+        .boxed())
+    }
+
+    async fn begin_consume(&self) -> Result<()> {
+        let path = self.file("receive messages")?;
+        let mut consumer = self.consumer.lock().await;
+        if consumer.is_none() {
+            let path = path.to_path_buf();
+            let this = self.consume(&path)?;
+            *consumer = Some(this);
+        }
+        Ok(())
+    }
+
+    async fn receive(&self, max: usize) -> Result<Vec<Received>> {
+        self.begin_consume().await?;
+        let mut consumer = self.consumer.lock().await;
+        let lines = &mut consumer.as_mut().expect("begun above").lines;
+        let mut batch = Vec::with_capacity(max);
+        while batch.len() < max {
+            let Some(next) = self.next_letter(lines).await else {
+                break;
+            };
+            let (line, letter) = next?;
+            batch.push(Received { handle: Handle::ArchiveLine { index: line.index, digest: line.digest }, letter });
+        }
+        Ok(batch)
+    }
+
+    async fn settle(&self, handles: &[Handle]) -> Result<()> {
+        self.file("settle messages")?;
+        let lines: Vec<LineId> = handles
+            .iter()
+            .filter_map(|h| match h {
+                Handle::ArchiveLine { index, digest } => Some(LineId { index: *index, digest: *digest }),
+                _ => None,
+            })
+            .collect();
+        if lines.is_empty() {
+            return Ok(());
+        }
+        let mut consumer = self.consumer.lock().await;
+        let consumer = consumer.as_mut().ok_or_else(|| Error::Runtime("settle before any receive".into()))?;
+        consumer.journal.settle(&lines)
+    }
+
+    async fn release(&self, _handles: &[Handle]) -> Result<()> {
+        // Released records were never removed from the file: nothing to undo.
+        self.file("release messages")?;
+        Ok(())
+    }
+
+    /// Remove what the run settled from the file, in one rewrite, then let the lock go.
+    async fn end_consume(&self) -> Result<()> {
+        let Some(consumer) = self.consumer.lock().await.take() else { return Ok(()) };
+        let path = self.file("settle messages")?;
+        let compacted = journal::compact(path);
+        drop(consumer);
+        compacted
+    }
+
+    fn read_notes(&self) -> Vec<String> {
+        match self.skipped.load(Ordering::Relaxed) {
+            0 => Vec::new(),
+            n => vec![format!(
+                "skipped {n} invalid line(s) in {} (first at line {})",
+                self.name(),
+                self.first_skipped_line.load(Ordering::Relaxed)
+            )],
+        }
+    }
+}
