@@ -54,6 +54,13 @@ fn source_of(broker: TestBroker, dlq: &str) -> String {
 /// Seq -> copies at the source; panics if a message is in neither place or a copy carries
 /// another redrive id than its twins. Returns (left in the DLQ, duplicates).
 fn check(dlq: &str, source: &str) -> (usize, usize) {
+    let (left, duplicates, _) = check_first(MESSAGES, dlq, source);
+    (left, duplicates)
+}
+
+/// [`check`] for the first `count` messages of [`letters`]; also returns the most copies any
+/// one message has (in the DLQ and at its source together).
+fn check_first(count: usize, dlq: &str, source: &str) -> (usize, usize, usize) {
     let in_dlq: HashMap<String, DeadLetter> =
         read_all(dlq, false).into_iter().map(|l| (l.headers.get("seq").unwrap().to_string(), l)).collect();
     let mut copies: HashMap<String, Vec<String>> = HashMap::new();
@@ -63,8 +70,8 @@ fn check(dlq: &str, source: &str) -> (usize, usize) {
         };
         copies.entry(copy.headers.get("seq").unwrap().to_string()).or_default().push(id.clone());
     }
-    let mut duplicates = 0;
-    for seq in 0..MESSAGES {
+    let (mut duplicates, mut most) = (0, 0);
+    for seq in 0..count {
         let seq = seq.to_string();
         let at_source = copies.get(&seq).map_or(&[][..], Vec::as_slice);
         assert!(in_dlq.contains_key(&seq) || !at_source.is_empty(), "message {seq} lost");
@@ -72,8 +79,9 @@ fn check(dlq: &str, source: &str) -> (usize, usize) {
         if at_source.len() > 1 || (in_dlq.contains_key(&seq) && !at_source.is_empty()) {
             duplicates += 1;
         }
+        most = most.max(at_source.len() + usize::from(in_dlq.contains_key(&seq)));
     }
-    (in_dlq.len(), duplicates)
+    (in_dlq.len(), duplicates, most)
 }
 
 fn wait_until_nothing_in_flight(target: &str) {
@@ -385,4 +393,164 @@ fn rabbitmq_restart_mid_export_loses_nothing() {
 #[test]
 fn kafka_restart_mid_export_loses_nothing() {
     restart_mid_export(TestBroker::Kafka);
+}
+
+// The loss paths of issue #29, on each broker.
+
+/// `--to` naming the DLQ itself, as written or by another name for its host, is refused
+/// before anything moves.
+fn to_naming_the_dlq_is_refused(broker: TestBroker) {
+    if require(broker).is_none() {
+        return;
+    }
+    let _shared = BROKER_IN_USE.read().unwrap_or_else(|e| e.into_inner());
+    let ns = Namespace::create(broker, &letters()[..20]);
+    let state = tempfile::tempdir().unwrap();
+    for to in [ns.target.clone(), ns.target.replacen("127.0.0.1", "localhost", 1)] {
+        let o = support::output(
+            support::dlqctl(state.path()).args(["redrive", &ns.target, "--to", &to, "--mode", "client", "--yes"]),
+        );
+        assert_eq!(o.status.code(), Some(2), "{}", support::text(&o.stderr));
+        assert!(support::text(&o.stderr).contains("names the DLQ being redriven"), "{}", support::text(&o.stderr));
+    }
+    assert_eq!(read_all(&ns.target, false).len(), 20, "nothing moved");
+}
+
+#[test]
+fn rabbitmq_to_naming_the_dlq_is_refused() {
+    to_naming_the_dlq_is_refused(TestBroker::Rabbitmq);
+}
+
+#[test]
+fn sqs_to_naming_the_dlq_is_refused() {
+    localstack_env();
+    to_naming_the_dlq_is_refused(TestBroker::Sqs);
+}
+
+#[test]
+fn kafka_to_naming_the_dlq_is_refused() {
+    to_naming_the_dlq_is_refused(TestBroker::Kafka);
+}
+
+/// Two redrives of one DLQ at once, the second started a moment after the first. RabbitMQ and
+/// SQS hand each message to one of them; on Kafka both read the topic from the group's
+/// committed offset, and the one that sees the other's commits stops. Nothing is lost, and
+/// every copy carries its original's redrive id.
+fn two_runs_at_once(broker: TestBroker) {
+    if require(broker).is_none() {
+        return;
+    }
+    let _shared = BROKER_IN_USE.read().unwrap_or_else(|e| e.into_inner());
+    let (mut duplicates, mut most) = (0, 0);
+    for trial in 0..trials() {
+        let ns = Namespace::create(broker, &letters());
+        let source = source_of(broker, &ns.target);
+        let states = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+        let start = |state: &std::path::Path| {
+            support::dlqctl(state)
+                .args(["redrive", &ns.target, "--mode", "client", "--yes", "--rate", "2000", "-q"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let mut first = start(states[0].path());
+        std::thread::sleep(Duration::from_millis(fastrand::u64(0..300)));
+        let mut second = start(states[1].path());
+        for child in [&mut first, &mut second] {
+            let status = wait_bounded(child, Duration::from_secs(180), "one of two runs at once");
+            let mut stderr = String::new();
+            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+            assert!(matches!(status.code(), Some(0 | 1)), "trial {trial}: {status}: {stderr}");
+        }
+        if broker == TestBroker::Sqs {
+            wait_until_nothing_in_flight(&ns.target);
+        }
+        let (_, dups, at_most) = check_first(MESSAGES, &ns.target, &source);
+        // A copy per run, and the original while it is not yet settled.
+        let bound = if broker == TestBroker::Kafka { 3 } else { 2 };
+        assert!(at_most <= bound, "trial {trial}: a message has {at_most} copies");
+        // Kafka: the later run copies one batch, sees the group's offsets move at its first
+        // commit, and stops.
+        assert!(dups <= 20, "trial {trial}: duplicates are bounded by the two runs' batches, got {dups}");
+        duplicates += dups;
+        most = most.max(at_most);
+    }
+    eprintln!(
+        "{}: {} trials of two {MESSAGES}-message redrives at once: 0 lost, {duplicates} duplicate(s), at most \
+         {most} copies of one message, each with its original's redrive id",
+        broker.name(),
+        trials()
+    );
+}
+
+#[test]
+fn rabbitmq_two_runs_at_once_lose_nothing() {
+    two_runs_at_once(TestBroker::Rabbitmq);
+}
+
+#[test]
+fn sqs_two_runs_at_once_lose_nothing() {
+    localstack_env();
+    two_runs_at_once(TestBroker::Sqs);
+}
+
+#[test]
+fn kafka_two_runs_at_once_lose_nothing() {
+    two_runs_at_once(TestBroker::Kafka);
+}
+
+/// A run moves some messages; their copies fail again and die back into the DLQ (moved there
+/// with their headers, as the broker's or the framework's own dead-lettering does); the first
+/// run is then resumed. Its checkpoint knows their redrive ids, but they are copies, not the
+/// originals it confirmed: they stay in the DLQ.
+fn resume_leaves_copies_that_came_back(broker: TestBroker) {
+    if require(broker).is_none() {
+        return;
+    }
+    let _shared = BROKER_IN_USE.read().unwrap_or_else(|e| e.into_inner());
+    const COUNT: usize = 100;
+    for trial in 0..trials() {
+        let ns = Namespace::create(broker, &letters()[..COUNT]);
+        let source = source_of(broker, &ns.target);
+        let state = tempfile::tempdir().unwrap();
+        let moved = fastrand::usize(1..COUNT).to_string();
+        let base = ["--mode", "client", "--yes", "--rate", "unlimited", "-q"];
+        support::ok_in(state.path(), &[&["redrive", &ns.target, "--limit", &moved][..], &base].concat());
+        if broker == TestBroker::Sqs {
+            wait_until_nothing_in_flight(&ns.target);
+        }
+        let other = tempfile::tempdir().unwrap();
+        let mut back = vec!["redrive", source.as_str(), "--to", &ns.target];
+        if broker == TestBroker::Kafka {
+            back.push("--from-beginning");
+        }
+        support::ok_in(other.path(), &[&back[..], &base].concat());
+        let checkpoint = support::run_file(state.path(), ".checkpoint.jsonl");
+        let o = support::output(
+            support::dlqctl(state.path()).args(["redrive", &ns.target, "--resume"]).arg(&checkpoint).args(base),
+        );
+        assert!(matches!(o.status.code(), Some(0 | 1)), "trial {trial}: {}", support::text(&o.stderr));
+        if broker == TestBroker::Sqs {
+            wait_until_nothing_in_flight(&ns.target);
+        }
+        check_first(COUNT, &ns.target, &source);
+    }
+    eprintln!("{}: {} trials of --resume after copies died back: 0 lost", broker.name(), trials());
+}
+
+#[test]
+fn rabbitmq_resume_leaves_copies_that_came_back() {
+    resume_leaves_copies_that_came_back(TestBroker::Rabbitmq);
+}
+
+#[test]
+fn sqs_resume_leaves_copies_that_came_back() {
+    localstack_env();
+    resume_leaves_copies_that_came_back(TestBroker::Sqs);
+}
+
+#[test]
+fn kafka_resume_leaves_copies_that_came_back() {
+    resume_leaves_copies_that_came_back(TestBroker::Kafka);
 }

@@ -61,6 +61,8 @@ pub struct KafkaBroker {
     taker: tokio::sync::Mutex<Option<Reader>>,
     /// Per partition: the offset to commit next, and settled offsets beyond it.
     commits: Mutex<BTreeMap<i32, Commit>>,
+    /// What the group's committed offsets should be if this run is the only one settling.
+    watch: Mutex<GroupWatch>,
     /// (partition, offset) of handed-out messages.
     handed: Tokens<(i32, i64)>,
     producer: tokio::sync::OnceCell<Detached<FutureProducer>>,
@@ -152,6 +154,20 @@ pub const PRODUCER_SETTINGS: [(&str, &str); 4] = [
     ("linger.ms", "5"),
 ];
 
+/// How often a redrive checks that no other run commits for its group and topic.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// Two redrives of one topic for one group each read every pending record (reads assign
+/// partitions rather than share them through the group), so each would copy all of them. A
+/// run notices the other by the group's committed offsets moving under it, and stops: the
+/// duplicates are bounded by what the later run copied before its first check.
+#[derive(Default)]
+struct GroupWatch {
+    /// Per partition: the group's committed offset as this run last saw or set it.
+    expected: BTreeMap<i32, Option<i64>>,
+    last_check: Option<std::time::Instant>,
+}
+
 /// Reads a topic from given offsets up to the high watermarks seen when it started.
 struct Reader {
     /// Shared with the blocking commit, which runs off the async thread.
@@ -176,6 +192,7 @@ impl KafkaBroker {
             options: options.clone(),
             taker: tokio::sync::Mutex::new(None),
             commits: Mutex::new(BTreeMap::new()),
+            watch: Mutex::new(GroupWatch::default()),
             handed: Tokens::default(),
             producer: tokio::sync::OnceCell::new(),
             topics_seen: Mutex::new(BTreeSet::new()),
@@ -1026,10 +1043,12 @@ impl Broker for KafkaBroker {
             let partitions: Vec<i32> = reader.positions.keys().copied().collect();
             let committed = self.committed(&reader.consumer, &topic, &partitions)?;
             let mut commits = self.commits.lock().expect("not poisoned");
+            let mut watch = self.watch.lock().expect("not poisoned");
             for (p, (start, _)) in &reader.positions {
                 // Commits go on from where this read starts, keeping what earlier runs settled beyond it.
                 let beyond = committed.get(p).map(|c| c.beyond.clone()).unwrap_or_default();
                 commits.insert(*p, Commit { next: *start, beyond });
+                watch.expected.insert(*p, committed.get(p).map(|c| c.next));
             }
             *slot = Some(reader);
         }
@@ -1081,13 +1100,57 @@ impl Broker for KafkaBroker {
             .ok_or_else(|| Error::Runtime("settle before receive".into()))?
             .consumer
             .clone();
+        let expected = {
+            let watch = self.watch.lock().expect("not poisoned");
+            let due = watch.last_check.is_none_or(|t| t.elapsed() >= WATCH_EVERY);
+            due.then(|| watch.expected.clone())
+        };
+        let checked = expected.is_some();
+        let committing = tpl.clone();
+        let group = self.target.group.clone();
+        let watched_topic = topic.clone();
         // A synchronous commit waits for the group coordinator as long as librdkafka likes: off
         // the async thread, so that --timeout can give up on it (the offsets then stay
         // uncommitted, and a later run reads those records again).
-        tokio::task::spawn_blocking(move || consumer.commit(&tpl, CommitMode::Sync))
-            .await
-            .map_err(|e| Error::Runtime(format!("committing offsets: {e}")))?
-            .map_err(|e| Error::Runtime(format!("committing offsets of group {:?}: {e}", self.target.group)))
+        tokio::task::spawn_blocking(move || {
+            if let Some(expected) = &expected {
+                let mut partitions = TopicPartitionList::new();
+                for p in expected.keys() {
+                    partitions.add_partition(&watched_topic, *p);
+                }
+                let now = consumer.committed_offsets(partitions, TIMEOUT).map_err(|e| e.to_string())?;
+                for e in now.elements_for_topic(&watched_topic) {
+                    let now = match e.offset() {
+                        Offset::Offset(o) => Some(o),
+                        _ => None,
+                    };
+                    if expected.get(&e.partition()).is_some_and(|want| *want != now) {
+                        return Err(format!(
+                            "another run is settling {watched_topic} for group {group:?} at the same time \
+                             (partition {}'s committed offset moved under this run): this run stops here; run \
+                             one redrive per topic and group at a time",
+                            e.partition()
+                        ));
+                    }
+                }
+            }
+            consumer
+                .commit(&committing, CommitMode::Sync)
+                .map_err(|e| format!("committing offsets of group {group:?}: {e}"))
+        })
+        .await
+        .map_err(|e| Error::Runtime(format!("committing offsets: {e}")))?
+        .map_err(Error::Runtime)?;
+        let mut watch = self.watch.lock().expect("not poisoned");
+        if checked {
+            watch.last_check = Some(std::time::Instant::now());
+        }
+        for e in tpl.elements_for_topic(&topic) {
+            if let Offset::Offset(o) = e.offset() {
+                watch.expected.insert(e.partition(), Some(o));
+            }
+        }
+        Ok(())
     }
 
     async fn release(&self, handles: &[Handle]) -> Result<()> {

@@ -253,6 +253,14 @@ pub fn ok(args: &[&str]) -> std::process::Output {
     o
 }
 
+/// [`ok`] with run state kept under `state` (for a later `--resume`).
+#[track_caller]
+pub fn ok_in(state: &std::path::Path, args: &[&str]) -> std::process::Output {
+    let o = output(dlqctl(state).args(args));
+    assert_eq!(o.status.code(), Some(0), "{args:?}\nstdout:\n{}\nstderr:\n{}", text(&o.stdout), text(&o.stderr));
+    o
+}
+
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
