@@ -357,7 +357,12 @@ fn check(s: &Scenario, world: &World) -> std::result::Result<(), TestCaseError> 
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+    // 512 sequences in CI (about 2 s); PROPTEST_CASES asks for more (scripts/fault-trials).
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(512),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn no_sequence_of_faults_loses_a_message(s in scenario()) {

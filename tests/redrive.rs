@@ -50,6 +50,12 @@ impl Broker for FlakySource {
     async fn peek(&self, limit: Option<u64>) -> Result<LetterStream<'_>> {
         self.inner.peek(limit).await
     }
+    async fn begin_consume(&self) -> Result<()> {
+        self.inner.begin_consume().await
+    }
+    async fn end_consume(&self) -> Result<()> {
+        self.inner.end_consume().await
+    }
     async fn receive(&self, max: usize) -> Result<Vec<Received>> {
         self.inner.receive(max).await
     }

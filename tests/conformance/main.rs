@@ -21,6 +21,7 @@ macro_rules! conformance_suite {
             export_round_trip_is_lossless,
             settle_removes_exactly_the_settled,
             release_leaves_them,
+            a_consuming_run_ends_with_exactly_the_unsettled,
             unsupported_is_not_supported,
         );
     };

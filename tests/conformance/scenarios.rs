@@ -159,6 +159,23 @@ pub async fn settle_removes_exactly_the_settled(f: &impl Fixture) {
     assert_eq!(depth(broker.as_ref()).await, (seeded.len() - settled.len() - 1) as u64);
 }
 
+/// A whole consuming run as the redrive engine makes it: begin, take, settle some, release the
+/// rest, end. What was settled stays gone for a new reader of the same DLQ; the rest is there.
+pub async fn a_consuming_run_ends_with_exactly_the_unsettled(f: &impl Fixture) {
+    let seeded = seed_letters(6);
+    let broker = f.dlq_with(&seeded).await;
+    broker.begin_consume().await.unwrap();
+    let batch = broker.receive(6).await.unwrap();
+    let (settle, keep): (Vec<_>, Vec<_>) = batch.into_iter().partition(|r| seq(&r.letter).parse::<u64>().unwrap() < 2);
+    broker.settle(&settle.iter().map(|r| r.handle).collect::<Vec<_>>()).await.unwrap();
+    broker.release(&keep.iter().map(|r| r.handle).collect::<Vec<_>>()).await.unwrap();
+    broker.end_consume().await.unwrap();
+    let mut expected: Vec<String> = keep.iter().map(|r| seq(&r.letter)).collect();
+    expected.sort();
+    assert_eq!(seqs(&all(broker.as_ref()).await), expected);
+    assert_eq!(depth(broker.as_ref()).await, expected.len() as u64);
+}
+
 pub async fn release_leaves_them(f: &impl Fixture) {
     let broker = f.dlq_with(&seed_letters(5)).await;
     let batch = broker.receive(5).await.unwrap();
@@ -175,7 +192,12 @@ pub async fn unsupported_is_not_supported(f: &impl Fixture) {
 pub async fn assert_not_supported_where_not_capable(broker: &dyn Broker) {
     let caps = broker.capabilities();
     if !caps.consume {
-        for result in [broker.receive(1).await.map(|_| ()), broker.settle(&[]).await, broker.release(&[]).await] {
+        for result in [
+            broker.begin_consume().await,
+            broker.receive(1).await.map(|_| ()),
+            broker.settle(&[]).await,
+            broker.release(&[]).await,
+        ] {
             assert!(matches!(result, Err(Error::NotSupported { .. })), "{result:?}");
         }
     }

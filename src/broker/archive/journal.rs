@@ -5,9 +5,9 @@
 //!
 //! A journal entry names a line by its index in the file and a digest of its bytes: a line is
 //! dropped only when both match, so a journal left beside a file that changed since can at
-//! worst leave a letter in place (a duplicate), never remove another one. Entries are written
-//! in the order the file is read, so the journal and the file are read side by side, in
-//! constant memory; an entry out of order is passed over, which again only keeps a line.
+//! worst leave a letter in place (a duplicate), never remove another one. A reader of the
+//! journal holds its entries sorted (16 bytes a settled letter, and only until the rewrite),
+//! so the file is then read once, side by side with them.
 //!
 //! Readers (peek, describe, export) skip the journalled lines too, so what a killed run
 //! settled stays settled for them before any rewrite.
@@ -72,62 +72,49 @@ impl Journal {
     }
 }
 
-/// The settled lines of a journal, in the order they were written. A line a crash cut short
-/// (no newline, or not a whole JSON array) settled nothing: its batch was never confirmed.
+/// The settled lines of a journal, sorted. A line a crash cut short (no newline, or not a
+/// whole JSON array) settled nothing: its batch was never confirmed.
 pub struct Settled {
-    lines: Option<BufReader<File>>,
-    pending: std::vec::IntoIter<(u64, u64)>,
-    next: Option<LineId>,
+    lines: std::iter::Peekable<std::vec::IntoIter<LineId>>,
 }
 
 impl Settled {
     /// The journal beside `archive`, or an empty one.
     pub fn open(archive: &Path) -> Result<Settled> {
         let path = journal_path(archive);
-        let lines = match File::open(&path) {
-            Ok(file) => Some(BufReader::new(file)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(Error::io(format!("cannot read the settle journal {}", path.display()), e)),
-        };
-        let mut settled = Settled { lines, pending: Vec::new().into_iter(), next: None };
-        settled.advance();
-        Ok(settled)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.next.is_none()
-    }
-
-    fn advance(&mut self) {
-        self.next = loop {
-            if let Some((index, digest)) = self.pending.next() {
-                break Some(LineId { index, digest });
-            }
-            let Some(lines) = &mut self.lines else { break None };
-            let mut line = Vec::new();
-            match lines.read_until(b'\n', &mut line) {
-                Ok(n) if n > 0 && line.ends_with(b"\n") => {
-                    // A line that does not parse (torn by power loss) settled nothing.
-                    self.pending = serde_json::from_slice::<Vec<(u64, u64)>>(&line).unwrap_or_default().into_iter();
+        let mut lines = Vec::new();
+        match File::open(&path) {
+            Ok(file) => {
+                for batch in BufReader::new(file).split(b'\n') {
+                    let batch = batch
+                        .map_err(|e| Error::io(format!("cannot read the settle journal {}", path.display()), e))?;
+                    // The last line may lack its newline; `split` cannot tell, so every line must
+                    // parse whole, which a cut one does not.
+                    let pairs = serde_json::from_slice::<Vec<(u64, u64)>>(&batch).unwrap_or_default();
+                    lines.extend(pairs.into_iter().map(|(index, digest)| LineId { index, digest }));
                 }
-                _ => self.lines = None,
             }
-        };
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(format!("cannot read the settle journal {}", path.display()), e)),
+        }
+        lines.sort_unstable();
+        lines.dedup();
+        Ok(Settled { lines: lines.into_iter().peekable() })
+    }
+
+    pub fn is_empty(&mut self) -> bool {
+        self.lines.peek().is_none()
     }
 
     /// Whether the line at `index` with these bytes' `digest` was settled. Call with
     /// increasing indices.
     pub fn contains(&mut self, line: LineId) -> bool {
-        while let Some(next) = self.next {
-            if next.index > line.index {
-                return false;
-            }
-            self.advance();
-            if next == line {
-                return true;
-            }
+        while self.lines.next_if(|next| next.index < line.index).is_some() {}
+        let mut found = false;
+        while let Some(next) = self.lines.next_if(|next| next.index == line.index) {
+            found |= next == line;
         }
-        false
+        found
     }
 }
 
@@ -136,6 +123,7 @@ impl Settled {
 /// rename leaves the old file and the journal, one after it a journal whose digests no longer
 /// match where they point (removed by the next compaction). Call only while holding the lock.
 pub fn compact(archive: &Path) -> Result<()> {
+    remove_stale_temporaries(archive);
     let mut settled = Settled::open(archive)?;
     let journal = journal_path(archive);
     if settled.is_empty() {
@@ -186,6 +174,21 @@ fn temporary_beside(path: &Path) -> std::io::Result<(PathBuf, File)> {
     }
 }
 
+/// What a compaction killed before its rename left beside the archive. Only a holder of the
+/// lock compacts, so none of them is in use.
+fn remove_stale_temporaries(archive: &Path) {
+    let name = archive.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let prefix = format!(".{name}.dlqctl-");
+    let dir = archive.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let file = entry.file_name().to_string_lossy().into_owned();
+        if file.starts_with(&prefix) && file.ends_with(".tmp") {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// Make a rename durable (best effort: not every file system can sync a directory).
 fn sync_dir(path: &Path) {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
@@ -231,17 +234,22 @@ mod tests {
         assert!(!journal_path(&archive).exists());
         let leftovers = std::fs::read_dir(dir.path()).unwrap().count();
         assert_eq!(leftovers, 1, "no temporary file left");
+        // One a killed compaction left goes with the next compaction.
+        std::fs::write(dir.path().join(".dlq.jsonl.dlqctl-1-0000abcd.tmp"), "x\n").unwrap();
+        compact(&archive).unwrap();
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 
     #[test]
-    fn entries_out_of_order_only_keep_lines() {
+    fn entries_in_any_order_are_all_applied() {
         let dir = tempfile::tempdir().unwrap();
         let archive = dir.path().join("dlq.jsonl");
-        std::fs::write(&archive, "a\nb\nc\n").unwrap();
+        std::fs::write(&archive, "a\nb\nc\nd\n").unwrap();
         let mut journal = Journal::create(&archive).unwrap();
         journal.settle(&[id(2, "c"), id(0, "a")]).unwrap();
+        journal.settle(&[id(1, "b")]).unwrap();
         drop(journal);
         compact(&archive).unwrap();
-        assert_eq!(lines(&archive), ["a", "b"]);
+        assert_eq!(lines(&archive), ["d"]);
     }
 }

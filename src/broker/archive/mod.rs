@@ -89,7 +89,7 @@ impl ArchiveBroker {
             ArchiveTarget::Stdin => (Box::new(BufReader::with_capacity(READ_BUFFER, tokio::io::stdin())), None),
             ArchiveTarget::File(path) => {
                 let file = tokio::fs::File::open(path).await.map_err(|e| open_error(path, e))?;
-                let settled = Settled::open(path)?;
+                let mut settled = Settled::open(path)?;
                 (Box::new(BufReader::with_capacity(READ_BUFFER, file)), (!settled.is_empty()).then_some(settled))
             }
         };
