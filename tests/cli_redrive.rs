@@ -51,6 +51,12 @@ impl Workspace {
         self.dlqctl().args(args).output().unwrap()
     }
 
+    /// `--resume` a redrive of dlq.jsonl into out.jsonl from `checkpoint`, as fast as it goes.
+    fn resume_into_out(&self, checkpoint: &Path, extra: &[&str]) -> Output {
+        let args = ["redrive", "dlq.jsonl", "--to", "out.jsonl", "--yes", "--rate", "unlimited", "--resume"];
+        self.dlqctl().args(args).arg(checkpoint).args(extra).output().unwrap()
+    }
+
     /// The one checkpoint a run wrote under the state directory.
     fn checkpoint(&self) -> PathBuf {
         let runs = self.path("state/dlqctl/runs");
@@ -304,17 +310,7 @@ fn ctrl_c_finishes_in_flight_messages_and_resume_completes() {
     assert!(left > 0 && moved > 0, "stopped part way: {left} left, {moved} moved");
 
     let checkpoint = w.checkpoint();
-    let o = w.run(&[
-        "redrive",
-        "dlq.jsonl",
-        "--to",
-        "out.jsonl",
-        "--yes",
-        "--rate",
-        "unlimited",
-        "--resume",
-        checkpoint.to_str().unwrap(),
-    ]);
+    let o = w.resume_into_out(&checkpoint, &[]);
     assert_exit(&o, 0);
     assert_eq!(check_nothing_lost(&originals, &w.path("dlq.jsonl"), &read(&w.path("out.jsonl"))), (0, 300, 0));
 }
@@ -339,18 +335,7 @@ fn kill_9_at_random_points_then_resume_loses_nothing() {
         unfinished_copies += usize::from(unfinished);
 
         let checkpoint = w.checkpoint();
-        let o = w.run(&[
-            "redrive",
-            "dlq.jsonl",
-            "--to",
-            "out.jsonl",
-            "--yes",
-            "--rate",
-            "unlimited",
-            "-q",
-            "--resume",
-            checkpoint.to_str().unwrap(),
-        ]);
+        let o = w.resume_into_out(&checkpoint, &["-q"]);
         assert_exit(&o, 0);
         let (left, _, dup) = check_nothing_lost(&originals, &w.path("dlq.jsonl"), &read(&w.path("out.jsonl")));
         assert_eq!(left, 0, "trial {trial}: the resumed run empties the DLQ");
@@ -489,19 +474,7 @@ fn resume_leaves_copies_that_came_back() {
             .output()
             .unwrap();
         assert_exit(&back, 0);
-        let o = w.run(&[
-            "redrive",
-            "dlq.jsonl",
-            "--to",
-            "out.jsonl",
-            "--yes",
-            "--rate",
-            "unlimited",
-            "-o",
-            "json",
-            "--resume",
-            checkpoint.to_str().unwrap(),
-        ]);
+        let o = w.resume_into_out(&checkpoint, &["-o", "json"]);
         let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         assert!(report["summary"]["returned"].as_u64().unwrap() >= 1, "{report}");
         check_nothing_lost(&originals, &w.path("dlq.jsonl"), &read(&w.path("out.jsonl")));

@@ -96,6 +96,28 @@ fn wait_until_nothing_in_flight(target: &str) {
     }
 }
 
+/// A test a broker for a family of trials (`family(broker)`), SQS's with LocalStack's
+/// environment set.
+macro_rules! on_every_broker {
+    ($family:ident: $rabbitmq:ident, $sqs:ident, $kafka:ident $(,)?) => {
+        #[test]
+        fn $rabbitmq() {
+            $family(TestBroker::Rabbitmq);
+        }
+
+        #[test]
+        fn $sqs() {
+            localstack_env();
+            $family(TestBroker::Sqs);
+        }
+
+        #[test]
+        fn $kafka() {
+            $family(TestBroker::Kafka);
+        }
+    };
+}
+
 /// Restarts take a broker away from every test: they hold this for writing, the others for reading.
 static BROKER_IN_USE: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
@@ -143,21 +165,11 @@ fn kill_and_resume(broker: TestBroker) {
     );
 }
 
-#[test]
-fn rabbitmq_kill_9_mid_redrive_loses_nothing() {
-    kill_and_resume(TestBroker::Rabbitmq);
-}
-
-#[test]
-fn sqs_kill_9_mid_redrive_loses_nothing() {
-    localstack_env();
-    kill_and_resume(TestBroker::Sqs);
-}
-
-#[test]
-fn kafka_kill_9_mid_redrive_loses_nothing() {
-    kill_and_resume(TestBroker::Kafka);
-}
+on_every_broker!(kill_and_resume:
+    rabbitmq_kill_9_mid_redrive_loses_nothing,
+    sqs_kill_9_mid_redrive_loses_nothing,
+    kafka_kill_9_mid_redrive_loses_nothing
+);
 
 /// `--resume` the one run under `state` to the end.
 fn resume(state: &std::path::Path, target: &str, what: &str) {
@@ -416,21 +428,7 @@ fn to_naming_the_dlq_is_refused(broker: TestBroker) {
     assert_eq!(read_all(&ns.target, false).len(), 20, "nothing moved");
 }
 
-#[test]
-fn rabbitmq_to_naming_the_dlq_is_refused() {
-    to_naming_the_dlq_is_refused(TestBroker::Rabbitmq);
-}
-
-#[test]
-fn sqs_to_naming_the_dlq_is_refused() {
-    localstack_env();
-    to_naming_the_dlq_is_refused(TestBroker::Sqs);
-}
-
-#[test]
-fn kafka_to_naming_the_dlq_is_refused() {
-    to_naming_the_dlq_is_refused(TestBroker::Kafka);
-}
+on_every_broker!(to_naming_the_dlq_is_refused: rabbitmq_to_naming_the_dlq_is_refused, sqs_to_naming_the_dlq_is_refused, kafka_to_naming_the_dlq_is_refused);
 
 /// Two redrives of one DLQ at once, the second started a moment after the first. RabbitMQ and
 /// SQS hand each message to one of them; on Kafka both read the topic from the group's
@@ -484,21 +482,7 @@ fn two_runs_at_once(broker: TestBroker) {
     );
 }
 
-#[test]
-fn rabbitmq_two_runs_at_once_lose_nothing() {
-    two_runs_at_once(TestBroker::Rabbitmq);
-}
-
-#[test]
-fn sqs_two_runs_at_once_lose_nothing() {
-    localstack_env();
-    two_runs_at_once(TestBroker::Sqs);
-}
-
-#[test]
-fn kafka_two_runs_at_once_lose_nothing() {
-    two_runs_at_once(TestBroker::Kafka);
-}
+on_every_broker!(two_runs_at_once: rabbitmq_two_runs_at_once_lose_nothing, sqs_two_runs_at_once_lose_nothing, kafka_two_runs_at_once_lose_nothing);
 
 /// A run moves some messages; their copies fail again and die back into the DLQ (moved there
 /// with their headers, as the broker's or the framework's own dead-lettering does); the first
@@ -539,18 +523,4 @@ fn resume_leaves_copies_that_came_back(broker: TestBroker) {
     eprintln!("{}: {} trials of --resume after copies died back: 0 lost", broker.name(), trials());
 }
 
-#[test]
-fn rabbitmq_resume_leaves_copies_that_came_back() {
-    resume_leaves_copies_that_came_back(TestBroker::Rabbitmq);
-}
-
-#[test]
-fn sqs_resume_leaves_copies_that_came_back() {
-    localstack_env();
-    resume_leaves_copies_that_came_back(TestBroker::Sqs);
-}
-
-#[test]
-fn kafka_resume_leaves_copies_that_came_back() {
-    resume_leaves_copies_that_came_back(TestBroker::Kafka);
-}
+on_every_broker!(resume_leaves_copies_that_came_back: rabbitmq_resume_leaves_copies_that_came_back, sqs_resume_leaves_copies_that_came_back, kafka_resume_leaves_copies_that_came_back);
