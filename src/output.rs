@@ -1,9 +1,10 @@
 //! Where results go: tables for people, JSON for programs, no colour unless a person is
 //! looking, and notes on stderr so stdout stays clean for pipes.
 
+use std::borrow::Cow;
 use std::io::{self, IsTerminal, Stdout, Write};
 
-use comfy_table::{Attribute, Cell, Color, ContentArrangement, Table, presets};
+use comfy_table::{Attribute, Cell, Color, ContentArrangement, presets};
 use serde::Serialize;
 
 use crate::error::Result;
@@ -73,7 +74,7 @@ impl Output {
 
     /// A table in the kubectl style: no borders, upper-case headers, fitted to the terminal.
     pub fn table(&self, headers: &[&str]) -> Table {
-        let mut table = Table::new();
+        let mut table = comfy_table::Table::new();
         table.load_preset(presets::NOTHING);
         if self.tty {
             table.set_content_arrangement(ContentArrangement::Dynamic);
@@ -84,7 +85,7 @@ impl Output {
             table.enforce_styling();
         }
         table.set_header(headers.iter().map(|h| self.header_cell(h)));
-        table
+        Table(table)
     }
 
     fn header_cell(&self, text: &str) -> Cell {
@@ -93,17 +94,17 @@ impl Output {
     }
 
     /// A cell coloured when colour is on.
-    pub fn colored(&self, text: impl ToString, color: Color) -> Cell {
-        let cell = Cell::new(text);
-        if self.color { cell.fg(color) } else { cell }
+    pub fn colored(&self, text: impl ToString, color: Color) -> Shown {
+        let cell = Shown::from(text.to_string()).0;
+        Shown(if self.color { cell.fg(color) } else { cell })
     }
 
     pub fn print_table(&mut self, table: &mut Table) -> Result<()> {
         // Two spaces between columns and none at the left edge, like kubectl.
-        for column in table.column_iter_mut() {
+        for column in table.0.column_iter_mut() {
             column.set_padding((0, 2));
         }
-        for line in table.lines() {
+        for line in table.0.lines() {
             writeln!(self.out, "{}", line.trim_end())?;
         }
         Ok(())
@@ -112,7 +113,7 @@ impl Output {
     /// A caveat for the person at the terminal: stderr, silenced by --quiet.
     pub fn note(&self, message: &str) {
         if !self.quiet {
-            let _ = writeln!(io::stderr(), "dlqctl: note: {message}");
+            say(&format!("note: {message}"));
         }
     }
 
@@ -120,6 +121,85 @@ impl Output {
         self.out.flush()?;
         Ok(())
     }
+}
+
+/// A line for the person at the terminal, on stderr, as `dlqctl: LINE`, made printable. A
+/// stderr nobody reads any more (`dlqctl redrive … 2>&1 | head`) is no reason to stop: what
+/// cannot be written is dropped.
+pub fn say(line: &str) {
+    let _ = writeln!(io::stderr(), "dlqctl: {}", printable(line));
+}
+
+/// A table whose every cell is [`Shown`]: nothing a message carries reaches the terminal raw.
+pub struct Table(comfy_table::Table);
+
+impl Table {
+    pub fn add_row<T: Into<Shown>>(&mut self, cells: impl IntoIterator<Item = T>) {
+        self.0.add_row(cells.into_iter().map(|c| c.into().0));
+    }
+}
+
+/// The most characters a table cell shows; the rest is cut, with an ellipsis. A table lays out
+/// every cell, and a cell of megabytes (a hostile id) took seconds to lay out.
+pub const CELL_CHARS: usize = 256;
+
+/// A table cell: its text [`printable`], and cut to [`CELL_CHARS`].
+pub struct Shown(Cell);
+
+impl From<&str> for Shown {
+    fn from(text: &str) -> Self {
+        let cut = text.char_indices().nth(CELL_CHARS).map(|(at, _)| at);
+        Shown(Cell::new(match cut {
+            Some(at) => format!("{}…", printable(&text[..at])),
+            None => printable(text).into_owned(),
+        }))
+    }
+}
+
+impl From<String> for Shown {
+    fn from(text: String) -> Self {
+        Shown::from(text.as_str())
+    }
+}
+
+impl From<&String> for Shown {
+    fn from(text: &String) -> Self {
+        Shown::from(text.as_str())
+    }
+}
+
+/// Text from a message, a broker, a file or a flag, made safe to show on a terminal: control
+/// characters (C0, DEL, C1: ESC, BEL, NUL, CR, newlines) and the Unicode marks that reorder
+/// what is shown (bidirectional overrides and isolates) are written as Rust escapes
+/// (`\u{1b}`, `\n`), so no sequence a message carries reaches the terminal raw. JSON output
+/// needs none of this: JSON escapes them itself.
+pub fn printable(text: &str) -> Cow<'_, str> {
+    escape(text, false)
+}
+
+/// [`printable`] for a text shown whole on lines of its own (`peek --full`): newlines and tabs
+/// stay as they are.
+pub fn printable_lines(text: &str) -> Cow<'_, str> {
+    escape(text, true)
+}
+
+fn escape(text: &str, keep_lines: bool) -> Cow<'_, str> {
+    let hidden = |c: char| {
+        (c.is_control() && !(keep_lines && matches!(c, '\n' | '\t')))
+            || matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(hidden) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if hidden(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// What a buffered writer holds before it writes: few writes for a pipe or a file, and small
@@ -180,5 +260,30 @@ impl<W: Write> Drop for Buffered<W> {
     /// As `BufWriter` does: what was written before a failure still reaches the reader.
     fn drop(&mut self) {
         let _ = self.write_out();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nothing_a_message_carries_reaches_the_terminal_raw() {
+        let hostile = "id\u{1b}]0;owned\u{7}\u{1b}[2J\0\r\u{9b}31m\u{202e}txt.exe\nend";
+        let shown = printable(hostile);
+        assert!(!shown.chars().any(|c| c.is_control() || c == '\u{202e}'), "{shown}");
+        assert_eq!(printable("plain ünïcode ✓"), "plain ünïcode ✓");
+        assert_eq!(printable_lines("a\n\tb\u{1b}"), "a\n\tb\\u{1b}");
+    }
+
+    #[test]
+    fn a_huge_cell_is_cut_before_layout() {
+        let huge = "x".repeat(10 * 1024 * 1024);
+        let started = std::time::Instant::now();
+        let mut table = Output::new(Format::Table, ColorChoice::Never, true).table(&["id"]);
+        table.add_row([huge.as_str()]);
+        let lines: Vec<String> = table.0.lines().collect();
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        assert_eq!(lines[1].trim().chars().count(), CELL_CHARS + 1);
     }
 }

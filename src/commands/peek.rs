@@ -10,6 +10,7 @@ use super::{Context, format_age};
 use crate::cli::PeekArgs;
 use crate::error::Result;
 use crate::model::{DeadLetter, ReasonKind, format_time};
+use crate::output::{printable, printable_lines};
 
 const PREVIEW_CHARS: usize = 60;
 
@@ -84,27 +85,19 @@ fn preview(body: Option<&[u8]>) -> String {
     let Ok(text) = std::str::from_utf8(body) else {
         return format!("<binary, {} bytes>", body.len());
     };
-    let mut out = String::with_capacity(PREVIEW_CHARS + 3);
-    for (i, c) in text.chars().enumerate() {
-        if i == PREVIEW_CHARS {
-            out.push('…');
-            break;
-        }
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
+    match text.char_indices().nth(PREVIEW_CHARS) {
+        Some((cut, _)) => format!("{}…", printable(&text[..cut])),
+        None => printable(text).into_owned(),
     }
-    out
 }
 
 fn write_full(w: &mut impl Write, letter: &DeadLetter, separator: bool) -> std::io::Result<()> {
     if separator {
         writeln!(w, "---")?;
     }
+    // Every value is a stranger's text: shown whole, but with no control character raw.
     let field = |w: &mut dyn Write, name: &str, value: Option<String>| match value {
-        Some(v) => writeln!(w, "{name:<14}{v}"),
+        Some(v) => writeln!(w, "{name:<14}{}", printable_lines(&v)),
         None => Ok(()),
     };
     field(w, "id:", Some(letter.id.clone()))?;
@@ -142,14 +135,14 @@ fn write_full(w: &mut impl Write, letter: &DeadLetter, separator: bool) -> std::
         if !headers.is_empty() {
             writeln!(w, "{title}")?;
             for (k, v) in headers.iter() {
-                writeln!(w, "  {k}: {v}")?;
+                writeln!(w, "  {}: {}", printable(k), printable(&v.to_string()))?;
             }
         }
     }
     match letter.body.as_deref() {
         None => writeln!(w, "body:         <null>"),
         Some(b) => match std::str::from_utf8(b) {
-            Ok(text) => writeln!(w, "body ({} bytes):\n{text}", b.len()),
+            Ok(text) => writeln!(w, "body ({} bytes):\n{}", b.len(), printable_lines(text)),
             Err(_) => writeln!(w, "body (binary, {} bytes, base64):\n{}", b.len(), base64_of(b)),
         },
     }

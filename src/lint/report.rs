@@ -3,6 +3,7 @@
 use serde_json::{Value, json};
 
 use super::rules::{Finding, RULES, Severity};
+use crate::output::printable;
 
 /// One line a finding, then a line a fix; waived findings say so, with their justification.
 pub fn text(findings: &[Finding]) -> String {
@@ -10,7 +11,10 @@ pub fn text(findings: &[Finding]) -> String {
     for f in findings {
         let at = f.location.as_ref().map(|l| format!("{}:{}: ", l.file.display(), l.line)).unwrap_or_default();
         let waived = f.waived.as_ref().map(|j| format!(" (waived: {j})")).unwrap_or_default();
-        out.push_str(&format!("{at}{} {} {}{waived}\n    fix: {}\n", f.severity.as_str(), f.rule, f.message, f.fix));
+        // Queue names and messages come from brokers and files: nothing in them reaches the
+        // terminal raw.
+        let line = format!("{at}{} {} {}{waived}", f.severity.as_str(), f.rule, f.message);
+        out.push_str(&format!("{}\n    fix: {}\n", printable(&line), printable(&f.fix)));
     }
     let active: Vec<&Finding> = findings.iter().filter(|f| f.waived.is_none()).collect();
     let count = |s: Severity| active.iter().filter(|f| f.severity == s).count();

@@ -3,7 +3,7 @@
 
 mod server_move;
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -16,6 +16,7 @@ use super::Context;
 use crate::broker::{self, Broker, Destination, MoveTask, OpenOptions, Sink};
 use crate::cli::{Mode, RedriveArgs};
 use crate::error::{Error, Result};
+use crate::output::{printable, say};
 use crate::redrive::audit::{AuditLog, RunInfo};
 use crate::redrive::checkpoint::Checkpoint;
 use crate::redrive::default_runs_dir;
@@ -283,15 +284,18 @@ fn confirm(ctx: &Context, dlq: &str, plan: &Plan) -> Result<bool> {
         ctx.out.note(&format!("nothing in {dlq} matches: nothing to redrive"));
         return Ok(false);
     }
-    eprintln!("{}", plan_lines(plan));
-    ask(format!(
+    for line in plan_lines(plan) {
+        let _ = writeln!(std::io::stderr(), "{}", printable(&line));
+    }
+    ask(printable(&format!(
         "Redrive {} message(s) from {dlq} to {}?",
         plan.selected - plan.unroutable,
         plan.destinations().join(", ")
     ))
+    .into_owned())
 }
 
-fn plan_lines(plan: &Plan) -> String {
+fn plan_lines(plan: &Plan) -> Vec<String> {
     let mut lines = vec![format!(
         "plan: {} scanned, {} selected, {} not matching, {} over --max-redrives, {} with no known source",
         plan.scanned, plan.selected, plan.skipped, plan.over_max_redrives, plan.unroutable
@@ -299,7 +303,7 @@ fn plan_lines(plan: &Plan) -> String {
     for g in &plan.groups {
         lines.push(format!("  {} <- {} x{} (e.g. {})", g.destination, g.reason, g.count, g.sample_ids.join(", ")));
     }
-    lines.join("\n")
+    lines
 }
 
 fn print_plan(ctx: &mut Context, dlq: &str, selection: &Selection, plan: &Plan) -> Result<()> {
@@ -393,7 +397,7 @@ fn watch_signals(interrupted: Arc<AtomicBool>) {
             if interrupted.swap(true, Ordering::Relaxed) {
                 std::process::exit(130);
             }
-            eprintln!("dlqctl: stopping after the messages in flight (again to stop now)");
+            say("stopping after the messages in flight (again to stop now)");
         }
     });
 }
@@ -430,7 +434,7 @@ impl Progress {
         } else if !self.quiet && self.last_line.get().elapsed() >= STATUS_EVERY {
             self.last_line.set(Instant::now());
             let rate = s.moved as f64 / self.started.elapsed().as_secs_f64().max(0.001);
-            eprintln!("dlqctl: redrive: {} moved, {} failed, {} skipped ({rate:.1}/s)", s.moved, s.failed, s.skipped);
+            say(&format!("redrive: {} moved, {} failed, {} skipped ({rate:.1}/s)", s.moved, s.failed, s.skipped));
         }
     }
 
