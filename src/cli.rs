@@ -93,6 +93,11 @@ pub struct ReadArgs {
     #[arg(long)]
     pub skip_invalid: bool,
 
+    /// The longest archive line read, in MiB: a longer one (a file that is not an archive, a
+    /// stream that never ends a line) stops the read.
+    #[arg(long, value_name = "MIB", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub max_line_mib: u32,
+
     /// Take the exception class from an application's own field: header:NAME (attr:NAME is the
     /// same, for SQS attributes) or body.PATH of a JSON body. Used by peek, summarize, export.
     #[arg(long, value_name = "SOURCE")]

@@ -71,12 +71,7 @@ impl Config {
         let text = std::fs::read_to_string(&path).map_err(|e| {
             Error::io(format!("cannot read config file {} (check --config or DLQCTL_CONFIG)", path.display()), e)
         })?;
-        let mut config: Config = toml::from_str(&text).map_err(|e| {
-            // toml's message spans several lines with a caret; keep the first one.
-            let first = e.message().lines().next().unwrap_or_default().to_owned();
-            let line = e.span().map(|s| format!(":{}", text[..s.start].matches('\n').count() + 1)).unwrap_or_default();
-            Error::Usage(format!("config file {}{line}: {first}", path.display()))
-        })?;
+        let mut config: Config = toml::from_str(&text).map_err(|e| parse_error(&path, &text, &e))?;
         config.path = Some(path);
         Ok(config)
     }
@@ -142,6 +137,30 @@ fn default_path() -> Option<PathBuf> {
     Some(base.join("dlqctl").join("config.toml"))
 }
 
+/// A config file that does not parse, named by file, line and key, never by value: the value
+/// may be a password (toml's own message quotes it, as in "invalid type: integer `1234`").
+fn parse_error(path: &Path, text: &str, e: &toml::de::Error) -> Error {
+    let first = e.message().lines().next().unwrap_or_default();
+    // serde quotes the offending value in "invalid type: integer `1234`, expected a string"
+    // (and only names fields in "unknown field `x`").
+    let without_values = if first.starts_with("invalid") {
+        regex::Regex::new("`[^`]*`").expect("valid").replace_all(first, "a value")
+    } else {
+        first.into()
+    };
+    let (line, key) = match e.span() {
+        Some(span) => {
+            let start = text[..span.start].rfind('\n').map_or(0, |i| i + 1);
+            let end = text[start..].find('\n').map_or(text.len(), |i| start + i);
+            let key = text[start..end].split('=').next().unwrap_or_default().trim().trim_matches('"');
+            let key = if key.is_empty() || key.starts_with('[') { String::new() } else { format!(" ({key})") };
+            (format!(":{}", text[..span.start].matches('\n').count() + 1), key)
+        }
+        None => (String::new(), String::new()),
+    };
+    Error::Usage(format!("config file {}{line}{key}: {without_values}", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,5 +208,8 @@ mod tests {
         let err = Config::load(Some(&path)).unwrap_err().to_string();
         assert!(err.contains("config.toml:3"), "{err}");
         assert!(err.contains("bogus"), "{err}");
+        std::fs::write(&path, "[targets.a]\nurl = \"x\"\npassword = 12345678987\n").unwrap();
+        let err = Config::load(Some(&path)).unwrap_err().to_string();
+        assert!(err.contains("config.toml:3 (password)") && !err.contains("12345678987"), "{err}");
     }
 }

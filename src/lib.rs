@@ -5,6 +5,7 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod error;
+pub mod files;
 pub mod lint;
 pub mod model;
 pub mod output;

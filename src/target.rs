@@ -132,6 +132,7 @@ impl Target {
             "rabbitmq" | "amqp" => parse_rabbitmq(&parts, &shown, false),
             "rabbitmqs" | "amqps" => parse_rabbitmq(&parts, &shown, true),
             "sqs" => parse_sqs(&parts, &shown),
+            "http" | "https" if parts.userinfo.is_some() => Err(no_credentials_in_sqs(&shown)),
             "http" | "https" => Ok(Target::Sqs(SqsTarget {
                 queue: Some(SqsQueue::Url(input.to_owned())),
                 region: None,
@@ -377,6 +378,12 @@ fn parse_rabbitmq(parts: &UrlParts, shown: &str, tls: bool) -> Result<Target> {
     };
     for (key, value) in parts.query_pairs(keys, shown)? {
         match (key, target.tls.as_mut()) {
+            ("management", _) if has_userinfo(&value) => {
+                return Err(Error::Usage(format!(
+                    "credentials do not belong in ?management= ({shown:?}): the management API is \
+                     reached with the target's own user and password (rabbitmq://USER:PASS@HOST/…)"
+                )));
+            }
             ("management", _) => target.management = Some(value),
             ("exchange", _) => target.exchange = Some(value),
             ("routing_key", _) => target.routing_key = Some(value),
@@ -411,12 +418,22 @@ fn check_amqp_name(name: &str, what: &str, shown: &str) -> Result<()> {
     Ok(())
 }
 
+/// The refusal of a user or password anywhere in an SQS target: AWS never takes them there.
+fn no_credentials_in_sqs(shown: &str) -> Error {
+    Error::Usage(format!(
+        "credentials do not belong in an SQS target ({shown:?}): use the AWS credential chain \
+         (AWS_PROFILE, environment, SSO)"
+    ))
+}
+
+/// Whether a URL carries `user[:password]@` before its host.
+fn has_userinfo(url: &str) -> bool {
+    url.split_once("://").is_some_and(|(_, rest)| UrlParts::split(rest).userinfo.is_some())
+}
+
 fn parse_sqs(parts: &UrlParts, shown: &str) -> Result<Target> {
     if parts.userinfo.is_some() {
-        return Err(Error::Usage(format!(
-            "credentials do not belong in an SQS target ({shown:?}): use the AWS credential chain \
-             (AWS_PROFILE, environment, SSO)"
-        )));
+        return Err(no_credentials_in_sqs(shown));
     }
     if !parts.path_segments().is_empty() {
         return Err(Error::Usage(format!(
@@ -435,6 +452,7 @@ fn parse_sqs(parts: &UrlParts, shown: &str) -> Result<Target> {
     for (key, value) in parts.query_pairs(&["region", "endpoint", "prefix"], shown)? {
         match key {
             "region" => target.region = Some(value),
+            "endpoint" if has_userinfo(&value) => return Err(no_credentials_in_sqs(shown)),
             "endpoint" => target.endpoint = Some(value),
             _ => target.prefix = Some(value),
         }
@@ -634,6 +652,12 @@ mod tests {
     fn sqs_bad_names_and_credentials() {
         assert!(usage_error("sqs://orders dlq").contains("not a valid SQS name"));
         assert!(usage_error("sqs://key:secret@orders").contains("credential chain"));
+        for hidden in ["sqs://q?endpoint=http://user:never-print@host:4566", "https://AK:never-print@host/1/q"] {
+            let err = usage_error(hidden);
+            assert!(err.contains("credential chain") && !err.contains("never-print"), "{err}");
+        }
+        let err = usage_error("rabbitmq://u:p@h/v/q?management=http://admin:never-print@h:15672");
+        assert!(err.contains("do not belong in ?management=") && !err.contains("never-print"), "{err}");
         assert!(usage_error("arn:aws:sns:us-east-1:1:topic").contains("not an SQS queue ARN"));
     }
 

@@ -40,7 +40,7 @@ use crate::model::{
     AsciiClass, BrokerKind, DeadLetter, Headers, HeadersView, LetterView, Name, Reason, ReasonKind, Source, Text,
     Value, ValueView,
 };
-use crate::target::KafkaTarget;
+use crate::target::{KafkaTarget, Secret};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 /// A read stops when nothing arrives for this long (gaps such as transaction markers mean a
@@ -247,6 +247,19 @@ impl KafkaBroker {
         config
     }
 
+    /// A client library message with every value from the config file masked: librdkafka
+    /// quotes a property it rejects, `sasl.jaas.config` and passwords among them.
+    fn scrubbed(&self, message: impl ToString) -> String {
+        let mut message = message.to_string();
+        let values = self.target.client.values().map(String::as_str);
+        for value in values.chain(self.target.sasl_password.as_ref().map(Secret::expose)) {
+            if value.len() >= 3 {
+                message = message.replace(value, "****");
+            }
+        }
+        message
+    }
+
     fn consumer(&self) -> Result<Detached<StreamConsumer>> {
         self.config()
             .set("group.id", &self.target.group)
@@ -256,7 +269,9 @@ impl KafkaBroker {
             .set("auto.offset.reset", "earliest")
             .create()
             .map(Detached::new)
-            .map_err(|e| Error::Runtime(format!("cannot create a Kafka consumer for {}: {e}", self.shown)))
+            .map_err(|e| {
+                Error::Runtime(format!("cannot create a Kafka consumer for {}: {}", self.shown, self.scrubbed(e)))
+            })
     }
 
     fn topic(&self) -> Result<&str> {
@@ -421,7 +436,7 @@ impl KafkaBroker {
             .map(|producer| &**producer)
             .map_err(|e| PublishError {
                 failure: Failure::Transient,
-                message: format!("cannot create a producer: {e}"),
+                message: format!("cannot create a producer: {}", self.scrubbed(e)),
             })
     }
 }

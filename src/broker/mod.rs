@@ -185,6 +185,10 @@ pub struct Received {
     pub letter: DeadLetter,
 }
 
+/// The longest archive line read unless `--max-line-mib` says otherwise: well above any
+/// broker's largest message, even base64-encoded.
+pub const DEFAULT_MAX_LINE: usize = 64 << 20;
+
 /// How long one call to a broker may take unless `--timeout` says otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -195,6 +199,8 @@ pub struct OpenOptions {
     pub timeout: Duration,
     /// Skip archive lines that are not dead letters instead of stopping at the first.
     pub skip_invalid: bool,
+    /// The longest archive line read, in bytes (`--max-line-mib`).
+    pub max_line: usize,
     /// Read even where reading can dead-letter messages again (a quorum DLQ with a delivery limit).
     pub force: bool,
     /// Kafka: read from the earliest retained offset, not the group's committed one.
@@ -215,6 +221,7 @@ impl Default for OpenOptions {
         OpenOptions {
             timeout: DEFAULT_TIMEOUT,
             skip_invalid: false,
+            max_line: DEFAULT_MAX_LINE,
             force: false,
             from_beginning: false,
             keep_partition: false,

@@ -11,6 +11,7 @@ use futures::TryStreamExt;
 use super::Context;
 use crate::cli::ExportArgs;
 use crate::error::{Error, Result};
+use crate::files::temporary_beside;
 use crate::model::LetterView;
 use crate::output::Buffered;
 
@@ -71,11 +72,11 @@ struct PartialFile {
 }
 
 impl PartialFile {
+    /// A name of its own beside `path`, created exclusively with mode 0600: an export holds
+    /// message bodies, and a symlink planted at a predictable name is never followed.
     fn create(path: &Path) -> Result<Self> {
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".partial");
-        let tmp = PathBuf::from(tmp);
-        let file = File::create(&tmp).map_err(|e| Error::io(format!("cannot create {}", tmp.display()), e))?;
+        let (tmp, file) = temporary_beside(path, "partial")
+            .map_err(|e| Error::io(format!("cannot create a file beside {}", path.display()), e))?;
         Ok(PartialFile { path: path.to_path_buf(), tmp, out: Buffered::new(file) })
     }
 

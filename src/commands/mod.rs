@@ -1,7 +1,6 @@
 //! One module per verb. This file holds what they share: the runtime, the context
 //! (config, output), opening a target, and turning errors into exit codes.
 
-use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -44,6 +43,7 @@ impl Context {
         let options = OpenOptions {
             timeout: self.timeout,
             skip_invalid: read.skip_invalid,
+            max_line: (read.max_line_mib as usize) << 20,
             force: read.force,
             from_beginning: read.from_beginning,
             ..extra
@@ -123,7 +123,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is_broken_pipe() => ExitCode::SUCCESS,
         Err(e) => {
-            let _ = writeln!(std::io::stderr(), "dlqctl: {e}");
+            crate::output::say(&e.to_string());
             ExitCode::from(e.exit_code())
         }
     }

@@ -9,8 +9,8 @@ use chrono::Utc;
 use serde::Serialize;
 use serde_json::json;
 
-use super::private_file;
 use crate::error::{Error, Result};
+use crate::files::private_file;
 use crate::model::format_time;
 use crate::target::mask_input;
 

@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::private_file;
 use crate::error::{Error, Result};
+use crate::files::private_file;
 
 pub const CHECKPOINT_SCHEMA: &str = "dlqctl/redrive-checkpoint/v2";
 /// Written by earlier versions, without copy counts: resumable, but an id it journals can no

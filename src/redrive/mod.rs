@@ -9,14 +9,10 @@ pub mod plan;
 pub mod select;
 pub mod throttle;
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use sha2::{Digest, Sha256};
 
-use crate::error::{Error, Result};
 use crate::model::{DeadLetter, Value};
 
 /// Stable per original message, so consumers can drop duplicates.
@@ -54,41 +50,6 @@ pub fn outgoing(letter: &DeadLetter, id: &str) -> DeadLetter {
     copy.headers.set(REDRIVE_ID_HEADER, id.to_owned());
     copy.headers.set(REDRIVE_COUNT_HEADER, (redrive_count(letter) + 1) as i64);
     copy
-}
-
-/// Create (or, with `append`, reopen) a file only its owner can read: audit logs,
-/// checkpoints and plans hold message ids and operator names. Reopened, a file whose last line
-/// a killed run left unfinished gets a newline first: that line stays as it was, as evidence,
-/// and the next line written is one of its own instead of being glued to it.
-pub fn private_file(path: &Path, append: bool) -> Result<BufWriter<File>> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("cannot create {}", dir.display()), e))?;
-    }
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).mode(0o600);
-    if append {
-        // Read too: the last byte tells whether a killed run left the last line unfinished.
-        options.read(true).append(true);
-    } else {
-        options.truncate(true);
-    }
-    let file = options.open(path).map_err(|e| Error::io(format!("cannot create {}", path.display()), e))?;
-    let unfinished = append && ends_unfinished(&file);
-    let mut out = BufWriter::new(file);
-    if unfinished {
-        out.write_all(b"\n").map_err(|e| Error::io(format!("cannot write {}", path.display()), e))?;
-    }
-    Ok(out)
-}
-
-/// Whether the file's last byte is not a newline (an empty file ends nothing unfinished).
-fn ends_unfinished(file: &File) -> bool {
-    use std::os::unix::fs::FileExt;
-    let mut last = [0u8];
-    match file.metadata() {
-        Ok(m) if m.len() > 0 => file.read_exact_at(&mut last, m.len() - 1).is_ok_and(|()| last[0] != b'\n'),
-        _ => false,
-    }
 }
 
 /// Where runs keep their audit logs and checkpoints unless told otherwise:

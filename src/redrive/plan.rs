@@ -12,9 +12,10 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::select::Selection;
-use super::{private_file, redrive_count, redrive_id};
+use super::{redrive_count, redrive_id};
 use crate::broker::{Broker, Destination};
 use crate::error::{Error, Result};
+use crate::files::private_file;
 use crate::model::format_time;
 
 pub const PLAN_SCHEMA: &str = "dlqctl/redrive-plan/v1";

@@ -15,10 +15,10 @@
 use std::fs::File;
 use std::hash::Hasher;
 use std::io::{BufRead, BufReader, BufWriter, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::files::{private_file, temporary_beside};
 
 /// A line of the archive as the journal names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -51,14 +51,7 @@ impl Journal {
     /// Start an empty journal (the caller has compacted any earlier one away).
     pub fn create(archive: &Path) -> Result<Journal> {
         let path = journal_path(archive);
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| Error::io(format!("cannot create the settle journal {}", path.display()), e))?;
-        Ok(Journal { path, out: BufWriter::new(file) })
+        Ok(Journal { out: private_file(&path, false)?, path })
     }
 
     /// Journal these lines as settled, durably: once this returns they are gone from the DLQ.
@@ -132,7 +125,7 @@ pub fn compact(archive: &Path) -> Result<()> {
     let context = |what: &str| format!("cannot {what} while removing settled letters from {}", archive.display());
     let source = File::open(archive).map_err(|e| Error::io(context("read"), e))?;
     let permissions = source.metadata().map_err(|e| Error::io(context("read"), e))?.permissions();
-    let (tmp, out) = temporary_beside(archive).map_err(|e| Error::io(context("create a temporary file"), e))?;
+    let (tmp, out) = temporary_beside(archive, "tmp").map_err(|e| Error::io(context("create a temporary file"), e))?;
     let written = (|| -> std::io::Result<()> {
         let mut input = BufReader::with_capacity(super::READ_BUFFER, source);
         let mut output = BufWriter::with_capacity(super::READ_BUFFER, &out);
@@ -159,19 +152,6 @@ pub fn compact(archive: &Path) -> Result<()> {
     }
     sync_dir(archive);
     remove(&journal)
-}
-
-/// A new file beside `path` that no other run can have chosen.
-fn temporary_beside(path: &Path) -> std::io::Result<(PathBuf, File)> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    loop {
-        let tmp = path.with_file_name(format!(".{name}.dlqctl-{}-{:08x}.tmp", std::process::id(), fastrand::u32(..)));
-        match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp) {
-            Ok(file) => return Ok((tmp, file)),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
-        }
-    }
 }
 
 /// What a compaction killed before its rename left beside the archive. Only a holder of the

@@ -35,6 +35,7 @@ const LOCK_PATIENCE: Duration = Duration::from_secs(3);
 pub struct ArchiveBroker {
     target: ArchiveTarget,
     skip_invalid: bool,
+    max_line: usize,
     keep: Keep,
     skipped: AtomicU64,
     first_skipped_line: AtomicU64,
@@ -58,6 +59,7 @@ impl ArchiveBroker {
         Ok(ArchiveBroker {
             target,
             skip_invalid: options.skip_invalid,
+            max_line: options.max_line,
             keep: Keep { bodies: options.bodies, headers: options.headers },
             skipped: AtomicU64::new(0),
             first_skipped_line: AtomicU64::new(0),
@@ -99,6 +101,7 @@ impl ArchiveBroker {
             keep: self.keep,
             line_no: 0,
             buf: Vec::with_capacity(4096),
+            max_line: self.max_line,
             digests: false,
             settled,
         })
@@ -129,6 +132,7 @@ impl ArchiveBroker {
             keep: self.keep,
             line_no: 0,
             buf: Vec::with_capacity(4096),
+            max_line: self.max_line,
             digests: true,
             settled: None,
         };
@@ -164,6 +168,8 @@ struct LineReader {
     keep: Keep,
     line_no: u64,
     buf: Vec<u8>,
+    /// The longest line read: past it the read stops, in bounded memory.
+    max_line: usize,
     /// Whether each line's digest is needed (to journal it when settled).
     digests: bool,
     /// Lines a run settled and has not yet removed from the file: passed over.
@@ -175,9 +181,18 @@ impl LineReader {
     async fn next(&mut self) -> Option<Result<(LineId, DeadLetter)>> {
         loop {
             self.buf.clear();
-            match self.input.read_until(b'\n', &mut self.buf).await {
+            match read_line(&mut self.input, &mut self.buf, self.max_line).await {
                 Ok(0) => return None,
                 Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
+                    return Some(Err(Error::Runtime(format!(
+                        "{}:{}: a line longer than {} MiB, the most one letter may take: this is not a dlqctl \
+                         archive, or its letters are larger (raise --max-line-mib)",
+                        self.name,
+                        self.line_no + 1,
+                        self.max_line >> 20
+                    ))));
+                }
                 Err(e) => {
                     return Some(Err(Error::io(format!("cannot read archive {}", self.name), e)));
                 }
@@ -205,6 +220,33 @@ impl LineReader {
                     message: format!("not a dead letter: {}", without_position(&e)),
                 }
             }));
+        }
+    }
+}
+
+/// `read_until(b'\n')` that stops at `max` bytes with `FileTooLarge` instead of growing `buf`
+/// for as long as the input goes on without a newline.
+async fn read_line(
+    input: &mut (dyn AsyncBufRead + Unpin + Send),
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<usize> {
+    loop {
+        let available = input.fill_buf().await?;
+        if available.is_empty() {
+            return Ok(buf.len());
+        }
+        let (taken, ended) = match memchr::memchr(b'\n', available) {
+            Some(at) => (at + 1, true),
+            None => (available.len(), false),
+        };
+        if buf.len() + taken > max {
+            return Err(std::io::ErrorKind::FileTooLarge.into());
+        }
+        buf.extend_from_slice(&available[..taken]);
+        input.consume(taken);
+        if ended {
+            return Ok(buf.len());
         }
     }
 }
