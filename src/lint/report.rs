@@ -14,7 +14,7 @@ pub fn text(findings: &[Finding]) -> String {
         // Queue names and messages come from brokers and files: nothing in them reaches the
         // terminal raw.
         let line = format!("{at}{} {} {}{waived}", f.severity.as_str(), f.rule, f.message);
-        out.push_str(&format!("{}\n    fix: {}\n", printable(&line), printable(&f.fix)));
+        out.push_str(&format!("{}\n    fix: {}\n", printable(&line), printable(f.fix)));
     }
     let active: Vec<&Finding> = findings.iter().filter(|f| f.waived.is_none()).collect();
     let count = |s: Severity| active.iter().filter(|f| f.severity == s).count();
