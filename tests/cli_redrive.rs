@@ -538,7 +538,38 @@ fn a_source_that_cannot_be_changed_is_refused_before_publishing() {
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    assert_exit(&o, 1);
+    assert_exit(&o, 2);
     assert!(text(&o.stderr).contains("cannot open archive dlq.jsonl for writing"), "{}", text(&o.stderr));
     assert!(read(&open.join("out.jsonl")).is_empty(), "nothing was published");
+}
+
+/// A message dead-lettered twice: two letters with one id and body (so one redrive id), which
+/// differ in their failure count. A resumed run removes without a copy only as many of them as
+/// copies were confirmed: the twin gets a copy of its own.
+#[test]
+fn resume_copies_a_twin_instead_of_removing_it() {
+    let w = Workspace::with_sample();
+    let lines: Vec<String> = std::fs::read_to_string(w.path("dlq.jsonl")).unwrap().lines().map(str::to_owned).collect();
+    let mut twin: DeadLetter = serde_json::from_str(&lines[0]).unwrap();
+    twin.failure_count = Some(twin.failure_count.unwrap_or(1) + 1);
+    let twin_line = String::from_utf8(twin.json_line(&mut Vec::new()).to_vec()).unwrap();
+    std::fs::write(w.path("dlq.jsonl"), format!("{}\n{}\n{twin_line}", lines[0], lines[1])).unwrap();
+    assert_exit(&w.run(&["redrive", "dlq.jsonl", "--to", "out.jsonl", "--limit", "1", "--yes", "-q"]), 0);
+    let o = w.resume_into_out(&w.checkpoint(), &["-q"]);
+    assert_exit(&o, 0);
+    let out = read(&w.path("out.jsonl"));
+    assert_eq!(out.len(), 3, "each of the three letters has its copy");
+    assert!(out.iter().any(|l| l.failure_count == twin.failure_count), "the twin itself was copied");
+    assert!(still_in(&w.path("dlq.jsonl")).is_empty());
+}
+
+#[test]
+fn to_a_device_pipe_or_folder_is_refused_up_front() {
+    let w = Workspace::with_sample();
+    for to in ["/dev/null", "/dev/full", "."] {
+        let o = w.run(&["redrive", "dlq.jsonl", "--to", to, "--yes"]);
+        assert_exit(&o, 2);
+        assert!(text(&o.stderr).contains("not a regular file"), "{to}: {}", text(&o.stderr));
+    }
+    assert_eq!(read(&w.path("dlq.jsonl")).len(), 300);
 }

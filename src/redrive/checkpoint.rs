@@ -6,7 +6,9 @@
 //! The journal keeps the redrive count each confirmed copy carries. That count is what tells
 //! the original apart from its copy when both carry the same redrive id: the original carries
 //! one less, while a copy that failed again and came back to the DLQ carries the journalled
-//! count itself. Only the original may be removed without a new copy.
+//! count itself. Only the original may be removed without a new copy, and only as many
+//! originals as copies were confirmed: two letters with the same id and body (a message
+//! dead-lettered twice) are two letters, and one confirmed copy stands for one of them.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -60,8 +62,17 @@ pub enum Seen {
 pub struct Checkpoint {
     path: PathBuf,
     out: BufWriter<File>,
-    /// Redrive id -> the redrive count its confirmed copy carries (`None`: a v1 line).
-    published: HashMap<String, Option<u64>>,
+    published: HashMap<String, Journalled>,
+}
+
+/// What the journal says of one redrive id.
+#[derive(Debug, Default)]
+struct Journalled {
+    /// The redrive count its confirmed copies carry (`None`: a v1 line, without one).
+    count: Option<u64>,
+    /// Copies confirmed, and originals removed since, over every run of this checkpoint.
+    confirmed: u32,
+    settled: u32,
 }
 
 impl Checkpoint {
@@ -94,16 +105,20 @@ impl Checkpoint {
                 to.unwrap_or("the sources")
             )));
         }
-        let mut published = HashMap::new();
+        let mut published: HashMap<String, Journalled> = HashMap::new();
         for line in lines {
             let line = line.map_err(|e| bad(e.to_string()))?;
             // A kill can cut the last line short; what it would have said is not needed.
             if let Ok(p) = serde_json::from_str::<Published>(&line) {
-                published.insert(p.published, Some(p.count));
+                let entry = published.entry(p.published).or_default();
+                entry.count = Some(p.count);
+                entry.confirmed += 1;
+            } else if let Ok(s) = serde_json::from_str::<Settled>(&line) {
+                published.entry(s.settled).or_default().settled += 1;
             } else if let Ok(serde_json::Value::Object(v1)) = serde_json::from_str(&line)
                 && let Some(serde_json::Value::String(id)) = v1.get("published")
             {
-                published.entry(id.clone()).or_insert(None);
+                published.entry(id.clone()).or_default().confirmed += 1;
             }
         }
         Ok(Checkpoint { path: path.to_path_buf(), out: locked(path, true)?, published })
@@ -116,14 +131,15 @@ impl Checkpoint {
     /// What this run, or the run it resumes, knows of a message with this redrive id that
     /// carries `count` (its redrive count).
     pub fn seen(&self, redrive_id: &str, count: u64) -> Seen {
-        match self.published.get(redrive_id) {
-            None => Seen::New,
-            Some(None) => Seen::Unproven,
-            Some(Some(copy)) if count + 1 == *copy => Seen::Original,
-            Some(Some(copy)) if count >= *copy => Seen::ReturnedCopy,
-            // An older duplicate (a copy from an earlier redrive still in the DLQ): not the
-            // message whose copy was confirmed, so it is published like any other.
-            Some(Some(_)) => Seen::New,
+        let Some(journalled) = self.published.get(redrive_id) else { return Seen::New };
+        match journalled.count {
+            None => Seen::Unproven,
+            Some(copy) if count + 1 == copy && journalled.confirmed > journalled.settled => Seen::Original,
+            Some(copy) if count >= copy => Seen::ReturnedCopy,
+            // Another letter with the same id and body whose copy no confirmed copy stands for,
+            // or an older duplicate (a copy from an earlier redrive still in the DLQ): published
+            // like any other.
+            Some(_) => Seen::New,
         }
     }
 
@@ -132,7 +148,9 @@ impl Checkpoint {
     pub fn record_published(&mut self, copies: &[(&str, u64)]) -> Result<()> {
         for &(id, count) in copies {
             self.append(&Published { published: id.to_owned(), count }, false)?;
-            self.published.insert(id.to_owned(), Some(count));
+            let entry = self.published.entry(id.to_owned()).or_default();
+            entry.count = Some(count);
+            entry.confirmed += 1;
         }
         self.sync()
     }
@@ -140,6 +158,7 @@ impl Checkpoint {
     pub fn record_settled(&mut self, ids: &[&str]) -> Result<()> {
         for id in ids {
             self.append(&Settled { settled: (*id).to_owned() }, false)?;
+            self.published.entry((*id).to_owned()).or_default().settled += 1;
         }
         self.out.flush().map_err(|e| self.error(e))
     }
@@ -192,14 +211,14 @@ mod tests {
         std::fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(b"{\"publ").unwrap();
 
         let mut c = Checkpoint::resume(&path, "q.jsonl", Some("archive out.jsonl")).unwrap();
-        assert_eq!(c.seen("a", 0), Seen::Original);
+        assert_eq!(c.seen("a", 0), Seen::New, "a's one copy already stands for a removed original");
         assert_eq!(c.seen("b", 2), Seen::Original);
         assert_eq!(c.seen("c", 0), Seen::New);
         // What the resumed run records is not glued to the torn line: a second resume sees it.
         c.record_published(&[("c", 1)]).unwrap();
         drop(c);
         let c = Checkpoint::resume(&path, "q.jsonl", Some("archive out.jsonl")).unwrap();
-        assert_eq!([c.seen("a", 0), c.seen("b", 2), c.seen("c", 0)], [Seen::Original; 3]);
+        assert_eq!([c.seen("b", 2), c.seen("c", 0)], [Seen::Original; 2]);
         let err = Checkpoint::resume(&path, "other.jsonl", Some("archive out.jsonl")).map(|_| ()).unwrap_err();
         assert!(err.to_string().contains("belongs to a redrive of q.jsonl"), "{err}");
     }
@@ -216,6 +235,22 @@ mod tests {
         assert_eq!(c.seen("a", 2), Seen::ReturnedCopy, "the copy itself, dead-lettered again");
         assert_eq!(c.seen("a", 3), Seen::ReturnedCopy, "a later copy still is not the original");
         assert_eq!(c.seen("a", 0), Seen::New, "an older duplicate is published again, never dropped");
+    }
+
+    #[test]
+    fn one_confirmed_copy_removes_one_original_however_many_share_its_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.checkpoint.jsonl");
+        let mut c = Checkpoint::create(&path, "q", None).unwrap();
+        c.record_published(&[("twin", 1)]).unwrap();
+        drop(c);
+        let mut c = Checkpoint::resume(&path, "q", None).unwrap();
+        assert_eq!(c.seen("twin", 0), Seen::Original);
+        c.record_settled(&["twin"]).unwrap();
+        assert_eq!(c.seen("twin", 0), Seen::New, "the second twin needs a copy of its own");
+        drop(c);
+        let c = Checkpoint::resume(&path, "q", None).unwrap();
+        assert_eq!(c.seen("twin", 0), Seen::New);
     }
 
     #[test]

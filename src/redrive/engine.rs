@@ -135,6 +135,12 @@ impl Engine<'_> {
                     continue;
                 }
                 if !seen.insert(id.clone()) {
+                    // Left for a later run, and said: a twin (the same message dead-lettered
+                    // twice) or the same delivery handed out again.
+                    summary.skipped += 1;
+                    let why = "a message with the same redrive id was handled earlier in this run; left in the DLQ \
+                               for a later run";
+                    self.log(&r.letter, &id, None, Outcome::Skipped, Some(why))?;
                     release.push(r.handle);
                     continue;
                 }
@@ -248,7 +254,8 @@ impl Engine<'_> {
             }
             if summary.returned >= self.options.max_returns {
                 summary.stopped = Some(format!(
-                    "{} moved messages came back to the DLQ during the run: the consumer is still failing",
+                    "{} copies this run (or the run it resumes) moved came back to the DLQ: the consumer is still \
+                     failing",
                     summary.returned
                 ));
                 break;

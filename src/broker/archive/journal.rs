@@ -15,6 +15,7 @@
 use std::fs::File;
 use std::hash::Hasher;
 use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
@@ -115,16 +116,21 @@ impl Settled {
 /// the new file is written beside the old, fsynced, and renamed over it; a crash before the
 /// rename leaves the old file and the journal, one after it a journal whose digests no longer
 /// match where they point (removed by the next compaction). Call only while holding the lock.
-pub fn compact(archive: &Path) -> Result<()> {
+///
+/// The new file is locked before it takes the archive's name, and returned: the lock held on
+/// the old file ends with it, and the run goes on holding the new one, with no moment when
+/// the archive is unlocked. The new file keeps the old one's mode and, where the process may
+/// set them, its owner and group.
+pub fn compact(archive: &Path) -> Result<Option<File>> {
     remove_stale_temporaries(archive);
     let mut settled = Settled::open(archive)?;
     let journal = journal_path(archive);
     if settled.is_empty() {
-        return remove(&journal);
+        return remove(&journal).map(|()| None);
     }
     let context = |what: &str| format!("cannot {what} while removing settled letters from {}", archive.display());
     let source = File::open(archive).map_err(|e| Error::io(context("read"), e))?;
-    let permissions = source.metadata().map_err(|e| Error::io(context("read"), e))?.permissions();
+    let metadata = source.metadata().map_err(|e| Error::io(context("read"), e))?;
     let (tmp, out) = temporary_beside(archive, "tmp").map_err(|e| Error::io(context("create a temporary file"), e))?;
     let written = (|| -> std::io::Result<()> {
         let mut input = BufReader::with_capacity(super::READ_BUFFER, source);
@@ -143,15 +149,19 @@ pub fn compact(archive: &Path) -> Result<()> {
         }
         output.flush()?;
         drop(output);
-        out.set_permissions(permissions)?;
-        out.sync_all()
+        out.set_permissions(metadata.permissions())?;
+        // Only root may give a file away; anyone else's rewrite is theirs already.
+        let _ = std::os::unix::fs::fchown(&out, Some(metadata.uid()), Some(metadata.gid()));
+        out.sync_all()?;
+        out.try_lock().map_err(|_| std::io::Error::other("cannot lock the rewritten archive"))
     })();
     if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, archive)) {
         let _ = std::fs::remove_file(&tmp);
         return Err(Error::io(context("write"), e));
     }
     sync_dir(archive);
-    remove(&journal)
+    remove(&journal)?;
+    Ok(Some(out))
 }
 
 /// What a compaction killed before its rename left beside the archive. Only a holder of the

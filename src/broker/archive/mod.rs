@@ -10,7 +10,7 @@ mod lock;
 mod sink;
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -34,6 +34,9 @@ const LOCK_PATIENCE: Duration = Duration::from_secs(3);
 
 pub struct ArchiveBroker {
     target: ArchiveTarget,
+    /// The file itself, symlinks resolved: what is locked, journalled and rewritten, so that a
+    /// rewrite replaces the file and never the symlink the operator named it by.
+    real: Option<PathBuf>,
     skip_invalid: bool,
     max_line: usize,
     keep: Keep,
@@ -52,12 +55,14 @@ struct Consumer {
 
 impl ArchiveBroker {
     pub async fn open(target: ArchiveTarget, options: &OpenOptions) -> Result<Self> {
-        if let ArchiveTarget::File(path) = &target {
-            // Fail now, with the path, rather than on first read.
-            tokio::fs::metadata(path).await.map_err(|e| open_error(path, e))?;
-        }
+        // Fail now, with the path, rather than on first read.
+        let real = match &target {
+            ArchiveTarget::File(path) => Some(tokio::fs::canonicalize(path).await.map_err(|e| open_error(path, e))?),
+            ArchiveTarget::Stdin => None,
+        };
         Ok(ArchiveBroker {
             target,
+            real,
             skip_invalid: options.skip_invalid,
             max_line: options.max_line,
             keep: Keep { bodies: options.bodies, headers: options.headers },
@@ -75,9 +80,9 @@ impl ArchiveBroker {
     }
 
     fn file(&self, operation: &'static str) -> Result<&Path> {
-        match &self.target {
-            ArchiveTarget::File(p) => Ok(p),
-            ArchiveTarget::Stdin => Err(Error::NotSupported {
+        match &self.real {
+            Some(p) => Ok(p),
+            None => Err(Error::NotSupported {
                 backend: self.backend(),
                 operation,
                 why: "an archive read from stdin can only be read once; save it to a .jsonl file first".into(),
@@ -91,7 +96,7 @@ impl ArchiveBroker {
             ArchiveTarget::Stdin => (Box::new(BufReader::with_capacity(READ_BUFFER, tokio::io::stdin())), None),
             ArchiveTarget::File(path) => {
                 let file = tokio::fs::File::open(path).await.map_err(|e| open_error(path, e))?;
-                let mut settled = Settled::open(path)?;
+                let mut settled = Settled::open(self.real.as_deref().unwrap_or(path))?;
                 (Box::new(BufReader::with_capacity(READ_BUFFER, file)), (!settled.is_empty()).then_some(settled))
             }
         };
@@ -112,19 +117,29 @@ impl ArchiveBroker {
     /// Creating the journal also proves the file's folder can be written, before any copy
     /// is published.
     fn consume(&self, path: &Path) -> Result<Consumer> {
-        let lock = lock::lock_file_waiting(path, LOCK_PATIENCE).map_err(|e| match e {
+        // A run that could not change the file is refused as a usage error (exit 2): the fix
+        // is the operator's. A run that holds the file is a moment's matter (exit 1).
+        let mut lock = lock::lock_file_waiting(path, LOCK_PATIENCE).map_err(|e| match e {
             lock::LockError::Busy => Error::Runtime(format!(
                 "archive {} is in use by another dlqctl run (one moving letters out of it or into it): wait for \
                  that run to end, then run this again",
-                path.display()
+                self.name()
             )),
-            lock::LockError::Io(e) => Error::Runtime(format!(
+            lock::LockError::Io(e) => Error::Usage(format!(
                 "cannot open archive {} for writing, which moving letters out of it needs: {e}",
-                path.display()
+                self.name()
             )),
         })?;
-        journal::compact(path)?;
-        let journal = Journal::create(path)?;
+        if let Some(rewritten) = journal::compact(path)? {
+            lock = rewritten;
+        }
+        let journal = Journal::create(path).map_err(|e| {
+            Error::Usage(format!(
+                "cannot write beside archive {} ({e}), which moving letters out of it needs: its folder must be \
+                 writable",
+                self.name()
+            ))
+        })?;
         let file = std::fs::File::open(path).map_err(|e| open_error(path, e))?;
         let lines = LineReader {
             input: Box::new(BufReader::with_capacity(READ_BUFFER, tokio::fs::File::from_std(file))),
@@ -375,7 +390,7 @@ impl Broker for ArchiveBroker {
         let path = self.file("settle messages")?;
         let compacted = journal::compact(path);
         drop(consumer);
-        compacted
+        compacted.map(drop)
     }
 
     fn read_notes(&self) -> Vec<String> {
@@ -387,5 +402,49 @@ impl Broker for ArchiveBroker {
                 self.first_skipped_line.load(Ordering::Relaxed)
             )],
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run that finds a killed run's journal rewrites the file first; the new file must be
+    /// locked from the moment it takes the archive's name, for the whole run.
+    #[tokio::test]
+    async fn a_run_holds_the_lock_on_the_file_it_rewrote_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dlq.jsonl");
+        let letters: Vec<u8> = (0..3)
+            .flat_map(|i| {
+                DeadLetter { id: format!("m{i}"), ..DeadLetter::default() }.json_line(&mut Vec::new()).to_vec()
+            })
+            .collect();
+        std::fs::write(&path, &letters).unwrap();
+        let killed = ArchiveBroker::open(ArchiveTarget::File(path.clone()), &OpenOptions::default()).await.unwrap();
+        let first = killed.receive(1).await.unwrap();
+        killed.settle(&[first[0].handle]).await.unwrap();
+        drop(killed.consumer.lock().await.take()); // killed: the journal stays, the lock goes
+
+        let next = ArchiveBroker::open(ArchiveTarget::File(path.clone()), &OpenOptions::default()).await.unwrap();
+        next.begin_consume().await.unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 2, "the journal was applied");
+        assert!(matches!(lock::lock_file(&path, false), Err(lock::LockError::Busy)), "still locked");
+    }
+
+    #[tokio::test]
+    async fn a_symlinked_archive_stays_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real.jsonl");
+        let line = DeadLetter { id: "m".into(), ..DeadLetter::default() }.json_line(&mut Vec::new()).to_vec();
+        std::fs::write(&real, [line.clone(), line].concat()).unwrap();
+        let link = dir.path().join("link.jsonl");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let dlq = ArchiveBroker::open(ArchiveTarget::File(link.clone()), &OpenOptions::default()).await.unwrap();
+        let got = dlq.receive(1).await.unwrap();
+        dlq.settle(&[got[0].handle]).await.unwrap();
+        dlq.end_consume().await.unwrap();
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        assert_eq!(std::fs::read_to_string(&real).unwrap().lines().count(), 1);
     }
 }

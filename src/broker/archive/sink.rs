@@ -38,12 +38,19 @@ impl ArchiveSink {
 /// Check the destination can be written, and finish what a killed run left unfinished at its
 /// end. A lock held by another run is no error here: the appends wait their turn.
 fn prepare(path: &Path) -> Result<Vec<String>> {
+    if let Ok(metadata) = std::fs::metadata(path)
+        && !metadata.is_file()
+    {
+        return Err(Error::Usage(format!(
+            "--to {} is not a regular file (a device, pipe or folder cannot be fsynced and cut back): \
+             name a .jsonl file",
+            path.display()
+        )));
+    }
     match lock_file(path, true) {
         Ok(mut file) => Ok(finish_last_line(&mut file, path)?.into_iter().collect()),
         Err(LockError::Busy) => Ok(Vec::new()),
-        Err(LockError::Io(e)) => {
-            Err(Error::Runtime(format!("cannot open archive {} for writing: {e}", path.display())))
-        }
+        Err(LockError::Io(e)) => Err(Error::Usage(format!("cannot open archive {} for writing: {e}", path.display()))),
     }
 }
 
@@ -159,8 +166,14 @@ fn finish_last_line(file: &mut File, path: &Path) -> Result<Option<String>> {
         file.write_all(b"\n").and_then(|()| file.sync_data()).map_err(|e| fail("write to", e))?;
         return Ok(None);
     }
+    // Cut only what is the start of a dlqctl letter that ended early: it opens as one, and
+    // it fails to parse only because it ends (a whole line with an error inside is another
+    // letter, damaged, and is not ours to cut).
     let line_opening = format!(r#"{{"schema":"{SCHEMA}""#);
-    if !(unfinished.starts_with(line_opening.as_bytes()) || line_opening.as_bytes().starts_with(unfinished)) {
+    let opens_as_a_letter =
+        unfinished.starts_with(line_opening.as_bytes()) || line_opening.as_bytes().starts_with(unfinished);
+    let ends_early = serde_json::from_slice::<serde::de::IgnoredAny>(unfinished).is_err_and(|e| e.is_eof());
+    if !(opens_as_a_letter && ends_early) {
         return Err(not_an_archive());
     }
     file.set_len(line_start).and_then(|_| file.sync_data()).map_err(|e| fail("truncate", e))?;
@@ -245,6 +258,13 @@ mod tests {
         let json = dir.path().join("other.json");
         std::fs::write(&json, "{\"not\": \"a letter\"").unwrap();
         assert!(finish(&json).is_err());
+        // A whole line that opens as a letter but is damaged inside is not an unfinished copy.
+        let damaged = dir.path().join("damaged.jsonl");
+        let whole = sample_line(10);
+        let broken = whole.trim_end().replacen("\"id\"", "\"id\" \"", 1);
+        std::fs::write(&damaged, &broken).unwrap();
+        assert!(finish(&damaged).is_err());
+        assert_eq!(std::fs::read_to_string(&damaged).unwrap(), broken);
         assert_eq!(std::fs::read(&path).unwrap(), content);
         assert_eq!(std::fs::read_to_string(&json).unwrap(), "{\"not\": \"a letter\"");
     }

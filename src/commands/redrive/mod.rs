@@ -240,6 +240,9 @@ fn resume_command(args: &RedriveArgs, checkpoint: &Checkpoint) -> String {
     if args.keep_partition {
         flag("--keep-partition", None);
     }
+    if args.yes {
+        flag("--yes", None);
+    }
     flag("--resume", Some(checkpoint.path().display().to_string()));
     words.iter().map(|w| shell_quoted(w)).collect::<Vec<_>>().join(" ")
 }
