@@ -5,6 +5,8 @@
 //! `header.NAME` a header, attribute or extra named NAME, at any depth;
 //! `body.a.b` the field `a.b` of a JSON body; a bare `NAME` means both.
 
+mod json;
+
 use crate::model::{DeadLetter, Headers, Value};
 
 pub const REDACTED: &str = "[REDACTED]";
@@ -21,11 +23,11 @@ impl Redactor {
         for field in fields {
             let field = field.as_ref();
             if let Some(name) = field.strip_prefix("header.") {
-                r.header_names.push(name.to_ascii_lowercase());
+                r.header_names.push(name.to_lowercase());
             } else if let Some(path) = field.strip_prefix("body.") {
                 r.body_paths.push(path.split('.').map(str::to_owned).collect());
             } else {
-                r.header_names.push(field.to_ascii_lowercase());
+                r.header_names.push(field.to_lowercase());
                 r.body_paths.push(field.split('.').map(str::to_owned).collect());
             }
         }
@@ -40,8 +42,18 @@ impl Redactor {
         if self.is_empty() {
             return;
         }
-        self.redact_headers(&mut letter.headers);
-        self.redact_headers(&mut letter.extras);
+        let mut hidden = Vec::new();
+        self.redact_headers(&mut letter.headers, &mut hidden);
+        self.redact_headers(&mut letter.extras, &mut hidden);
+        // A failure message often repeats what it failed on: a redacted header's value goes from
+        // it too.
+        for text in [&mut letter.reason.message, &mut letter.reason.raw].into_iter().flatten() {
+            for secret in &hidden {
+                if text.contains(secret.as_str()) {
+                    *text = text.replace(secret.as_str(), REDACTED);
+                }
+            }
+        }
         if !self.body_paths.is_empty()
             && let Some(body) = &mut letter.body
         {
@@ -49,56 +61,56 @@ impl Redactor {
         }
     }
 
-    fn redact_headers(&self, headers: &mut Headers) {
+    /// Redact matching headers at any depth, keeping in `hidden` the text they held (four
+    /// characters or more), to take out of the failure message too.
+    fn redact_headers(&self, headers: &mut Headers, hidden: &mut Vec<String>) {
         for (name, value) in headers.iter_mut() {
             // Header names are case-insensitive in practice (HTTP-style producers vary).
-            if self.header_names.iter().any(|n| n.eq_ignore_ascii_case(name)) {
+            let name = name.to_lowercase();
+            if self.header_names.contains(&name) {
+                let text = match value {
+                    Value::String(s) => Some(s.clone()),
+                    Value::Bytes(b) => std::str::from_utf8(b).ok().map(str::to_owned),
+                    _ => None,
+                };
+                hidden.extend(text.filter(|t| t.chars().count() >= 4));
                 *value = Value::String(REDACTED.into());
             } else {
-                self.redact_value(value);
+                self.redact_value(value, hidden);
             }
         }
     }
 
-    fn redact_value(&self, value: &mut Value) {
+    fn redact_value(&self, value: &mut Value, hidden: &mut Vec<String>) {
         match value {
-            Value::Table(t) => self.redact_headers(t),
-            Value::List(items) => items.iter_mut().for_each(|v| self.redact_value(v)),
+            Value::Table(t) => self.redact_headers(t, hidden),
+            Value::List(items) => items.iter_mut().for_each(|v| self.redact_value(v, hidden)),
             _ => {}
         }
     }
 
-    /// Only a JSON body has fields; any other body passes through untouched.
+    /// Only a JSON body has fields: the values at the paths are replaced where they stand, and
+    /// every other byte is kept. A body that opens like JSON but cannot be read as JSON could
+    /// hold a field anywhere, so it is withheld whole; any other body passes through untouched.
     fn redact_body(&self, body: &mut Vec<u8>) {
-        let Ok(mut json) = serde_json::from_slice::<serde_json::Value>(body) else {
-            return;
-        };
-        let mut changed = false;
-        for path in &self.body_paths {
-            changed |= redact_path(&mut json, path);
-        }
-        if changed {
-            *body = serde_json::to_vec(&json).expect("a JSON value always serializes");
-        }
-    }
-}
-
-fn redact_path(json: &mut serde_json::Value, path: &[String]) -> bool {
-    let Some((first, rest)) = path.split_first() else {
-        return false;
-    };
-    match json {
-        serde_json::Value::Object(map) => match map.get_mut(first.as_str()) {
-            Some(slot) if rest.is_empty() => {
-                *slot = serde_json::Value::String(REDACTED.into());
-                true
+        match json::value_spans(body, &self.body_paths) {
+            Some(spans) if spans.is_empty() => {}
+            Some(spans) => {
+                let mut out = Vec::with_capacity(body.len());
+                let mut at = 0;
+                for span in spans {
+                    out.extend_from_slice(&body[at..span.start]);
+                    out.extend_from_slice(format!("\"{REDACTED}\"").as_bytes());
+                    at = span.end;
+                }
+                out.extend_from_slice(&body[at..]);
+                *body = out;
             }
-            Some(child) => redact_path(child, rest),
-            None => false,
-        },
-        // A path through an array applies to each element: `items.card` hides every card.
-        serde_json::Value::Array(items) => items.iter_mut().fold(false, |acc, item| redact_path(item, path) | acc),
-        _ => false,
+            None if json::looks_like_json(body) => {
+                *body = format!("\"{REDACTED}: a body that opens as JSON but could not be read as JSON\"").into_bytes();
+            }
+            None => {}
+        }
     }
 }
 
@@ -155,5 +167,29 @@ mod tests {
         let mut l = letter(r#"{ "a": 1 }"#);
         Redactor::new(["body.b"]).apply(&mut l);
         assert_eq!(l.body_bytes(), br#"{ "a": 1 }"#, "untouched bodies keep their formatting");
+    }
+
+    #[test]
+    fn what_is_not_redacted_keeps_every_byte_and_secrets_leave_the_failure_message() {
+        let body = "\u{feff}{\"n\": 123456789012345678901234567890, \"card\":\"4111\"}\n{\"card\": 1}";
+        let mut l = letter(body);
+        l.reason.message = Some("auth failed for Bearer abc".into());
+        Redactor::new(["card", "header.AUTHORIZATION"]).apply(&mut l);
+        assert_eq!(
+            std::str::from_utf8(l.body_bytes()).unwrap(),
+            "\u{feff}{\"n\": 123456789012345678901234567890, \"card\":\"[REDACTED]\"}\n{\"card\": \"[REDACTED]\"}"
+        );
+        assert_eq!(l.reason.message.as_deref(), Some("auth failed for [REDACTED]"));
+    }
+
+    #[test]
+    fn a_json_body_that_cannot_be_read_is_withheld() {
+        let deep = format!("{{\"card\":{}1{}", "[".repeat(300), "]".repeat(300));
+        let mut l = letter(&format!("{deep}}}"));
+        Redactor::new(["body.card.x"]).apply(&mut l);
+        assert!(l.body_bytes().starts_with(b"\"[REDACTED]"), "{}", String::from_utf8_lossy(l.body_bytes()));
+        let mut l = letter("{\"card\": \"4111\"");
+        Redactor::new(["card"]).apply(&mut l);
+        assert!(!String::from_utf8_lossy(l.body_bytes()).contains("4111"));
     }
 }
