@@ -33,6 +33,12 @@ fn trials() -> usize {
     std::env::var("DLQCTL_FAULT_TRIALS").ok().and_then(|n| n.parse().ok()).unwrap_or(2)
 }
 
+/// [`trials`], but `DLQCTL_FAULT_TRIALS_SQS` for SQS, whose trials wait out LocalStack's holds.
+fn trials_on(broker: TestBroker) -> usize {
+    let sqs = (broker == TestBroker::Sqs).then(|| std::env::var("DLQCTL_FAULT_TRIALS_SQS").ok()).flatten();
+    sqs.and_then(|n| n.parse().ok()).unwrap_or_else(trials)
+}
+
 /// Every message in a queue, read through dlqctl. A Kafka DLT holds what is pending for the
 /// group (after its committed offset); a source topic is read from the beginning.
 fn read_all(target: &str, whole_topic: bool) -> Vec<DeadLetter> {
@@ -127,7 +133,7 @@ fn kill_and_resume(broker: TestBroker) {
     }
     let _shared = BROKER_IN_USE.read().unwrap_or_else(|e| e.into_inner());
     let (mut lost, mut duplicates, mut interrupted) = (0, 0, 0);
-    for trial in 0..trials() {
+    for trial in 0..trials_on(broker) {
         let ns = Namespace::create(broker, &letters());
         let source = source_of(broker, &ns.target);
         let state = tempfile::tempdir().unwrap();
@@ -161,7 +167,7 @@ fn kill_and_resume(broker: TestBroker) {
         "{}: {} kill -9 trials ({interrupted} killed mid-run) of a {MESSAGES}-message redrive, then --resume: \
          0 lost, {duplicates} duplicate(s), each with its original's redrive id",
         broker.name(),
-        trials()
+        trials_on(broker)
     );
 }
 
@@ -440,7 +446,7 @@ fn two_runs_at_once(broker: TestBroker) {
     }
     let _shared = BROKER_IN_USE.read().unwrap_or_else(|e| e.into_inner());
     let (mut duplicates, mut most) = (0, 0);
-    for trial in 0..trials() {
+    for trial in 0..trials_on(broker) {
         let ns = Namespace::create(broker, &letters());
         let source = source_of(broker, &ns.target);
         let states = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
@@ -478,7 +484,7 @@ fn two_runs_at_once(broker: TestBroker) {
         "{}: {} trials of two {MESSAGES}-message redrives at once: 0 lost, {duplicates} duplicate(s), at most \
          {most} copies of one message, each with its original's redrive id",
         broker.name(),
-        trials()
+        trials_on(broker)
     );
 }
 
@@ -494,7 +500,7 @@ fn resume_leaves_copies_that_came_back(broker: TestBroker) {
     }
     let _shared = BROKER_IN_USE.read().unwrap_or_else(|e| e.into_inner());
     const COUNT: usize = 100;
-    for trial in 0..trials() {
+    for trial in 0..trials_on(broker) {
         let ns = Namespace::create(broker, &letters()[..COUNT]);
         let source = source_of(broker, &ns.target);
         let state = tempfile::tempdir().unwrap();
@@ -520,7 +526,7 @@ fn resume_leaves_copies_that_came_back(broker: TestBroker) {
         }
         check_first(COUNT, &ns.target, &source);
     }
-    eprintln!("{}: {} trials of --resume after copies died back: 0 lost", broker.name(), trials());
+    eprintln!("{}: {} trials of --resume after copies died back: 0 lost", broker.name(), trials_on(broker));
 }
 
 on_every_broker!(resume_leaves_copies_that_came_back: rabbitmq_resume_leaves_copies_that_came_back, sqs_resume_leaves_copies_that_came_back, kafka_resume_leaves_copies_that_came_back);
