@@ -100,12 +100,8 @@ impl Output {
     }
 
     pub fn print_table(&mut self, table: &mut Table) -> Result<()> {
-        // Two spaces between columns and none at the left edge, like kubectl.
-        for column in table.0.column_iter_mut() {
-            column.set_padding((0, 2));
-        }
-        for line in table.0.lines() {
-            writeln!(self.out, "{}", line.trim_end())?;
+        for line in table.render() {
+            writeln!(self.out, "{line}")?;
         }
         Ok(())
     }
@@ -136,6 +132,15 @@ pub struct Table(comfy_table::Table);
 impl Table {
     pub fn add_row<T: Into<Shown>>(&mut self, cells: impl IntoIterator<Item = T>) {
         self.0.add_row(cells.into_iter().map(|c| c.into().0));
+    }
+
+    /// The table's lines as they are printed: two spaces between columns and none at the left
+    /// edge, like kubectl.
+    pub fn render(&mut self) -> Vec<String> {
+        for column in self.0.column_iter_mut() {
+            column.set_padding((0, 2));
+        }
+        self.0.lines().map(|line| line.trim_end().to_owned()).collect()
     }
 }
 
@@ -282,8 +287,8 @@ mod tests {
         let started = std::time::Instant::now();
         let mut table = Output::new(Format::Table, ColorChoice::Never, true).table(&["id"]);
         table.add_row([huge.as_str()]);
-        let lines: Vec<String> = table.0.lines().collect();
+        let lines = table.render();
         assert!(started.elapsed() < std::time::Duration::from_secs(1));
-        assert_eq!(lines[1].trim().chars().count(), CELL_CHARS + 1);
+        assert_eq!(lines[1].chars().count(), CELL_CHARS + 1);
     }
 }

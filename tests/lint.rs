@@ -230,3 +230,57 @@ fn live_seeded_brokers_report_exactly_the_seeded_problems() {
         ])
     );
 }
+
+/// Linear in its input (#30): a template of 10,000 queues with their DLQs and alarms and 4,000
+/// Prometheus rules lint in seconds; absurd nesting is refused at once.
+#[test]
+fn large_inputs_lint_in_linear_time_and_absurd_nesting_is_refused_at_once() {
+    use std::fmt::Write as _;
+    let dir = tempfile::tempdir().unwrap();
+    let mut template = String::from("AWSTemplateFormatVersion: \"2010-09-09\"\nResources:\n");
+    for i in 0..5000 {
+        write!(
+            template,
+            "  Q{i}Dlq:\n    Type: AWS::SQS::Queue\n    Properties:\n      QueueName: q{i}-dlq\n      \
+             MessageRetentionPeriod: 1209600\n  Q{i}:\n    Type: AWS::SQS::Queue\n    Properties:\n      \
+             QueueName: q{i}\n      RedrivePolicy:\n        deadLetterTargetArn: !GetAtt Q{i}Dlq.Arn\n        \
+             maxReceiveCount: 5\n  Q{i}Depth:\n    Type: AWS::CloudWatch::Alarm\n    Properties:\n      \
+             Namespace: AWS/SQS\n      MetricName: ApproximateNumberOfMessagesVisible\n      Dimensions:\n        \
+             - Name: QueueName\n          Value: q{i}-dlq\n      Threshold: 0\n      \
+             ComparisonOperator: GreaterThanThreshold\n      Period: 60\n      EvaluationPeriods: 1\n"
+        )
+        .unwrap();
+    }
+    let template_path = dir.path().join("big.yaml");
+    std::fs::write(&template_path, template).unwrap();
+    let mut rules = String::from("groups:\n  - name: dlq\n    rules:\n");
+    for i in 0..4000 {
+        writeln!(rules, "      - alert: Q{i}Old\n        expr: max(age_seconds{{queue=\"q{i}-dlq\"}}) > 60").unwrap();
+    }
+    let rules_path = dir.path().join("rules.yml");
+    std::fs::write(&rules_path, rules).unwrap();
+    let started = std::time::Instant::now();
+    let o = dlqctl(&[
+        "lint",
+        "--format",
+        "json",
+        "--template",
+        template_path.to_str().unwrap(),
+        "--rules",
+        rules_path.to_str().unwrap(),
+    ]);
+    let took = started.elapsed();
+    assert!(matches!(o.status.code(), Some(0 | 3)), "{}", text(&o.stderr));
+    let report = json(&o);
+    let missing_age = report["findings"].as_array().unwrap().iter().filter(|f| f["rule"] == "DLQ002").count();
+    assert_eq!(missing_age, 1000, "the DLQs without an age rule, and only those");
+    assert!(took < std::time::Duration::from_secs(20), "10,000 queues and 4,000 rules took {took:?}");
+
+    let deep = dir.path().join("deep.json");
+    std::fs::write(&deep, format!("{{\"Resources\": {}{}}}", "[".repeat(100_000), "]".repeat(100_000))).unwrap();
+    let started = std::time::Instant::now();
+    let o = dlqctl(&["lint", "--template", deep.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("nested more than"), "{}", text(&o.stderr));
+    assert!(started.elapsed() < std::time::Duration::from_secs(2));
+}

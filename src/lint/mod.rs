@@ -75,16 +75,6 @@ pub struct AlarmFacts {
     pub inline_waivers: Vec<(String, String)>,
 }
 
-impl AlarmFacts {
-    pub fn watches(&self, queue: &str) -> bool {
-        if self.pattern {
-            regex::Regex::new(&format!("^(?:{})$", self.queue)).is_ok_and(|re| re.is_match(queue))
-        } else {
-            self.queue == queue
-        }
-    }
-}
-
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Inventory {
     pub queues: Vec<QueueFacts>,

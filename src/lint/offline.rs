@@ -1,6 +1,7 @@
 //! Offline inputs, for CI on infrastructure code: CloudFormation templates (YAML with
 //! short-form intrinsics, or JSON), Prometheus rule files, and dlqctl alert files.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -19,28 +20,109 @@ fn read(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).map_err(|e| Error::io(format!("cannot read {}", path.display()), e))
 }
 
+/// How deeply a template or rule file may nest: real ones nest a dozen levels; the YAML
+/// parser took seconds on a few hundred levels before it gave up.
+const MAX_NESTING: usize = 128;
+
+/// Refuse absurd nesting at once, before any parser sees it: brackets of JSON and YAML flow
+/// style (outside quotes), and block indentation.
+fn check_nesting(path: &Path, text: &str) -> Result<()> {
+    let (mut depth, mut deepest, mut quote) = (0usize, 0usize, None::<u8>);
+    let mut escaped = false;
+    for &b in text.as_bytes() {
+        match quote {
+            Some(q) => {
+                if escaped {
+                    escaped = false;
+                } else if b == b'\\' && q == b'"' {
+                    escaped = true;
+                } else if b == q || b == b'\n' {
+                    quote = None;
+                }
+            }
+            None => match b {
+                b'"' | b'\'' => quote = Some(b),
+                b'[' | b'{' => {
+                    depth += 1;
+                    deepest = deepest.max(depth);
+                }
+                b']' | b'}' => depth = depth.saturating_sub(1),
+                _ => {}
+            },
+        }
+    }
+    let indented = text.lines().map(|l| (l.len() - l.trim_start().len()) / 2).max().unwrap_or(0);
+    if deepest.max(indented) > MAX_NESTING {
+        return Err(Error::Usage(format!(
+            "{}: nested more than {MAX_NESTING} levels deep: not a template or rule file dlqctl reads",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+/// The lines of a file, held once, and where mapping keys are first defined, found in one
+/// pass: a template of thousands of resources was searched once per resource before.
+struct Lines<'a> {
+    lines: Vec<&'a str>,
+    first_key: HashMap<String, usize>,
+    waiver: Regex,
+}
+
+impl<'a> Lines<'a> {
+    fn new(text: &'a str) -> Self {
+        let key = Regex::new(r#"^\s*(?:-\s*)?["']?([^"'\s:#][^"':]*?)["']?\s*:"#).expect("valid");
+        let lines: Vec<&str> = text.lines().collect();
+        let mut first_key = HashMap::new();
+        for (i, l) in lines.iter().enumerate() {
+            if let Some(c) = key.captures(l) {
+                first_key.entry(c[1].to_owned()).or_insert(i + 1);
+            }
+        }
+        let waiver = Regex::new(r"dlqctl:\s*waive\s+(DLQ\d{3})\s+(.+)$").expect("valid");
+        Lines { lines, first_key, waiver }
+    }
+
+    /// The 1-based line where `key` is first defined as a mapping key (YAML or JSON).
+    fn of_key(&self, key: &str) -> Option<usize> {
+        self.first_key.get(key).copied()
+    }
+
+    /// Where each `key: value` (YAML) or `key = value` (TOML) first stands, by value.
+    fn values_of(&self, key: &str) -> HashMap<&'a str, usize> {
+        let pattern = format!(r#"^\s*(?:-\s*)?{}\s*[:=]\s*["']?(.*?)["']?\s*$"#, regex::escape(key));
+        let re = Regex::new(&pattern).expect("valid");
+        let mut found = HashMap::new();
+        for (i, l) in self.lines.iter().enumerate() {
+            if let Some(value) = re.captures(l).and_then(|c| c.get(1)) {
+                found.entry(value.as_str()).or_insert(i + 1);
+            }
+        }
+        found
+    }
+
+    /// One past the last line.
+    fn end(&self) -> usize {
+        self.lines.len() + 1
+    }
+
+    /// `# dlqctl: waive DLQ001 reason` comments between lines `from` (1-based) and `to`.
+    fn waivers(&self, from: usize, to: usize) -> Vec<(String, String)> {
+        let start = from.saturating_sub(1).min(self.lines.len());
+        let end = (start + to.saturating_sub(from).max(1)).min(self.lines.len());
+        self.lines[start..end]
+            .iter()
+            .filter_map(|l| self.waiver.captures(l).map(|c| (c[1].to_owned(), c[2].trim().to_owned())))
+            .collect()
+    }
+}
+
 fn yaml(path: &Path, text: &str) -> Result<Value> {
+    check_nesting(path, text)?;
     serde_norway::from_str(text).map_err(|e| {
         let at = e.location().map(|l| format!(":{}", l.line())).unwrap_or_default();
         Error::Usage(format!("{}{at}: not valid YAML or JSON: {e}", path.display()))
     })
-}
-
-/// The 1-based line where `key` is defined as a mapping key (YAML or JSON).
-fn line_of(text: &str, key: &str) -> Option<usize> {
-    let pattern = format!(r#"^\s*(?:-\s*)?["']?{}["']?\s*:"#, regex::escape(key));
-    let re = Regex::new(&pattern).ok()?;
-    text.lines().position(|l| re.is_match(l)).map(|i| i + 1)
-}
-
-/// `# dlqctl: waive DLQ001 reason` comments between lines `from` (1-based) and `to`.
-fn inline_waivers(text: &str, from: usize, to: usize) -> Vec<(String, String)> {
-    let re = Regex::new(r"dlqctl:\s*waive\s+(DLQ\d{3})\s+(.+)$").expect("valid");
-    text.lines()
-        .skip(from.saturating_sub(1))
-        .take(to.saturating_sub(from).max(1))
-        .filter_map(|l| re.captures(l).map(|c| (c[1].to_owned(), c[2].trim().to_owned())))
-        .collect()
 }
 
 /// A scalar as text (strings, numbers, booleans).
@@ -96,25 +178,27 @@ pub fn cloudformation_text(path: &Path, text: &str) -> Result<Inventory> {
         )));
     };
     let dlq_name = Regex::new(DLQ_NAME).expect("valid");
+    let lines = Lines::new(text);
     // Where each resource starts, so inline waivers belong to the resource they sit in.
     let mut starts: Vec<(String, usize)> = resources
         .keys()
         .filter_map(scalar)
         .map(|id| {
-            let line = line_of(text, &id).unwrap_or(1);
+            let line = lines.of_key(&id).unwrap_or(1);
             (id, line)
         })
         .collect();
     starts.sort_by_key(|(_, l)| *l);
+    let position: HashMap<&str, usize> = starts.iter().enumerate().map(|(i, (id, _))| (id.as_str(), i)).collect();
     let block = |id: &str| {
-        let i = starts.iter().position(|(s, _)| s == id).unwrap_or(0);
+        let i = position.get(id).copied().unwrap_or(0);
         let from = starts.get(i).map_or(1, |(_, l)| *l);
-        let to = starts.get(i + 1).map_or(text.lines().count() + 1, |(_, l)| *l);
+        let to = starts.get(i + 1).map_or(lines.end(), |(_, l)| *l);
         (from, to)
     };
     let waivers_of = |id: &str, res: &Value| {
         let (from, to) = block(id);
-        let mut w = inline_waivers(text, from, to);
+        let mut w = lines.waivers(from, to);
         if let Some(Value::Mapping(m)) = res.get("Metadata").and_then(|m| m.get("dlqctl")).and_then(|d| d.get("waive"))
         {
             w.extend(m.iter().filter_map(|(k, v)| Some((scalar(k)?, scalar(v)?))));
@@ -233,6 +317,7 @@ pub fn prometheus(path: &Path) -> Result<Inventory> {
 
 /// The same, for a Prometheus rule file already read; `path` only names it in messages.
 pub fn prometheus_text(path: &Path, text: &str) -> Result<Inventory> {
+    check_nesting(path, text)?;
     let file: RuleFile = serde_norway::from_str(text).map_err(|e| {
         let at = e.location().map(|l| format!(":{}", l.line())).unwrap_or_default();
         Error::Usage(format!("{}{at}: not a Prometheus rule file: {e}", path.display()))
@@ -251,12 +336,14 @@ pub fn prometheus_text(path: &Path, text: &str) -> Result<Inventory> {
         })
         .map(|(i, _)| i + 1)
         .collect();
+    let lines = Lines::new(text);
+    let alert_at = lines.values_of("alert");
     let mut inventory = Inventory::default();
     for rule in file.groups.iter().flat_map(|g| &g.rules) {
         let (Some(name), Some(expr)) = (&rule.alert, rule.expr.as_ref().and_then(scalar)) else { continue };
         let Some(labels) = label.captures(&expr) else { continue };
-        let line = line_of_value(text, "alert", name).unwrap_or(1);
-        let next = alert_lines.iter().find(|l| **l > line).copied().unwrap_or(text.lines().count() + 1);
+        let line = alert_at.get(name.as_str()).copied().unwrap_or(1);
+        let next = alert_lines.get(alert_lines.partition_point(|l| *l <= line)).copied().unwrap_or(lines.end());
         let threshold = compare.captures(expr.trim()).and_then(|c| {
             let n: f64 = c[2].parse().ok()?;
             Some(if &c[1] == ">=" { n - 1.0 } else { n })
@@ -269,17 +356,10 @@ pub fn prometheus_text(path: &Path, text: &str) -> Result<Inventory> {
             threshold,
             window: Some(rule.for_.as_deref().and_then(parse_duration).unwrap_or(Duration::ZERO)),
             location: Some(Location { file: path.to_path_buf(), line }),
-            inline_waivers: inline_waivers(text, line, next),
+            inline_waivers: lines.waivers(line, next),
         });
     }
     Ok(inventory)
-}
-
-/// The line of `key: value` (a list item or not).
-fn line_of_value(text: &str, key: &str, value: &str) -> Option<usize> {
-    let pattern = format!(r#"^\s*(?:-\s*)?{key}\s*:\s*["']?{}["']?\s*$"#, regex::escape(value));
-    let re = Regex::new(&pattern).ok()?;
-    text.lines().position(|l| re.is_match(l)).map(|i| i + 1)
 }
 
 #[derive(Deserialize)]
@@ -327,6 +407,8 @@ pub fn alert_file_text(path: &Path, text: &str) -> Result<Inventory> {
         let line = e.span().map(|s| format!(":{}", text[..s.start].matches('\n').count() + 1)).unwrap_or_default();
         Error::Usage(format!("{}{line}: {}", path.display(), e.message().lines().next().unwrap_or_default()))
     })?;
+    let lines = Lines::new(text);
+    let name_at = lines.values_of("name");
     let mut inventory = Inventory::default();
     for a in file.alert {
         let (queue, pattern) = match (a.queue, a.pattern) {
@@ -358,7 +440,7 @@ pub fn alert_file_text(path: &Path, text: &str) -> Result<Inventory> {
                     .ok_or_else(|| Error::Usage(format!("{}: window {w:?} is not a duration", path.display())))
             })
             .transpose()?;
-        let line = line_of_value(text, "name", &a.name).unwrap_or(1);
+        let line = name_at.get(a.name.as_str()).copied().unwrap_or(1);
         inventory.alarms.push(AlarmFacts {
             name: a.name,
             queue,

@@ -1,10 +1,11 @@
 //! The rules: stable ids, each with why it matters and how to fix it, and the checks.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use serde::Serialize;
 
-use super::{AlarmKind, Inventory, LintConfig, Location, QueueFacts};
+use super::{AlarmFacts, AlarmKind, Inventory, LintConfig, Location, QueueFacts};
 use crate::error::{Error, Result};
 use crate::redrive::select::parse_duration;
 
@@ -180,9 +181,10 @@ pub fn check(inventory: &Inventory, config: &LintConfig) -> Result<Vec<Finding>>
             )));
         }
     }
+    let index = Index::new(inventory);
     let mut raw = Vec::new();
     for q in &inventory.queues {
-        check_queue(q, inventory, config, &limits, &mut raw);
+        check_queue(q, &index, config, &limits, &mut raw);
     }
     let mut findings = Vec::new();
     for (id, q, message, location) in raw {
@@ -217,16 +219,54 @@ pub fn check(inventory: &Inventory, config: &LintConfig) -> Result<Vec<Finding>>
 
 type Raw<'a> = (&'static str, &'a QueueFacts, String, Option<Location>);
 
-fn check_queue<'a>(
-    q: &'a QueueFacts,
-    inv: &'a Inventory,
-    config: &LintConfig,
-    limits: &Limits,
-    out: &mut Vec<Raw<'a>>,
-) {
+/// What checking a queue asks of the whole inventory, looked up once: scanning every alarm
+/// (and compiling its pattern) and every queue for each queue made a lint of thousands of
+/// queues take minutes.
+struct Index<'a> {
+    /// Alarms on one queue by name, with their place in the inventory (findings keep its order).
+    by_queue: HashMap<&'a str, Vec<(usize, &'a AlarmFacts)>>,
+    /// Alarms on the queues a pattern matches, each pattern compiled once (an invalid one
+    /// watches nothing).
+    patterns: Vec<(usize, regex::Regex, &'a AlarmFacts)>,
+    /// (broker, DLQ name) -> the queues that dead-letter into it.
+    sources: HashMap<(&'a str, &'a str), Vec<&'a QueueFacts>>,
+}
+
+impl<'a> Index<'a> {
+    fn new(inventory: &'a Inventory) -> Self {
+        let mut index = Index { by_queue: HashMap::new(), patterns: Vec::new(), sources: HashMap::new() };
+        for (i, a) in inventory.alarms.iter().enumerate() {
+            if !a.pattern {
+                index.by_queue.entry(a.queue.as_str()).or_default().push((i, a));
+            } else if let Ok(re) = regex::Regex::new(&format!("^(?:{})$", a.queue)) {
+                index.patterns.push((i, re, a));
+            }
+        }
+        for q in &inventory.queues {
+            if let Some(dlq) = &q.dlq {
+                index.sources.entry((q.broker, dlq.as_str())).or_default().push(q);
+            }
+        }
+        index
+    }
+
+    /// The alarms of `kind` that watch `queue`, in inventory order.
+    fn alarms(&self, queue: &str, kind: AlarmKind) -> Vec<&'a AlarmFacts> {
+        let mut found: Vec<(usize, &AlarmFacts)> = self.by_queue.get(queue).cloned().unwrap_or_default();
+        found.extend(self.patterns.iter().filter(|(_, re, _)| re.is_match(queue)).map(|(i, _, a)| (*i, *a)));
+        found.sort_by_key(|(i, _)| *i);
+        found.into_iter().map(|(_, a)| a).filter(|a| a.kind == kind).collect()
+    }
+
+    fn sources(&self, broker: &'a str, dlq: &'a str) -> &[&'a QueueFacts] {
+        self.sources.get(&(broker, dlq)).map_or(&[], Vec::as_slice)
+    }
+}
+
+fn check_queue<'a>(q: &'a QueueFacts, inv: &Index<'a>, config: &LintConfig, limits: &Limits, out: &mut Vec<Raw<'a>>) {
     let name = &q.name;
     if q.is_dlq {
-        let depth: Vec<_> = inv.alarms.iter().filter(|a| a.kind == AlarmKind::Depth && a.watches(name)).collect();
+        let depth = inv.alarms(name, AlarmKind::Depth);
         if depth.is_empty() {
             out.push(("DLQ001", q, format!("{} DLQ {name} has no alarm on its depth", q.broker), None));
         }
@@ -248,7 +288,7 @@ fn check_queue<'a>(
                 }
             }
         }
-        if !inv.alarms.iter().any(|a| a.kind == AlarmKind::Age && a.watches(name)) {
+        if inv.alarms(name, AlarmKind::Age).is_empty() {
             out.push((
                 "DLQ002",
                 q,
@@ -268,8 +308,7 @@ fn check_queue<'a>(
                 None,
             ));
         }
-        let sources: Vec<&QueueFacts> =
-            inv.queues.iter().filter(|s| s.broker == q.broker && s.dlq.as_deref() == Some(name.as_str())).collect();
+        let sources = inv.sources(q.broker, name);
         if sources.len() > 1 {
             let names: Vec<&str> = sources.iter().map(|s| s.name.as_str()).collect();
             out.push((
@@ -280,7 +319,7 @@ fn check_queue<'a>(
             ));
         }
         if q.broker == "sqs" && !q.fifo {
-            for s in &sources {
+            for s in sources {
                 if let (Some(dlq), Some(src)) = (q.retention, s.retention)
                     && dlq <= src
                 {
