@@ -99,13 +99,17 @@ _dlqctl() {
             return 0
             ;;
         dlqctl__subcmd__export)
-            opts="-o -q -h --where --skip-invalid --reason-from --from-beginning --force --file --redact --output --color --config --quiet --timeout --help"
+            opts="-o -q -h --where --skip-invalid --max-line-mib --reason-from --from-beginning --force --file --redact --output --color --config --quiet --timeout --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
                 --where)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-line-mib)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -353,13 +357,17 @@ _dlqctl() {
             return 0
             ;;
         dlqctl__subcmd__peek)
-            opts="-n -o -q -h --where --skip-invalid --reason-from --from-beginning --force --limit --full --redact --output --color --config --quiet --timeout --help"
+            opts="-n -o -q -h --where --skip-invalid --max-line-mib --reason-from --from-beginning --force --limit --full --redact --output --color --config --quiet --timeout --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
                 --where)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-line-mib)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -407,13 +415,17 @@ _dlqctl() {
             return 0
             ;;
         dlqctl__subcmd__redrive)
-            opts="-y -o -q -h --where --skip-invalid --reason-from --from-beginning --force --to --limit --rate --batch --dry-run --plan-out --yes --note --audit-log --resume --max-redrives --retries --keep-partition --mode --status --cancel --max-consecutive-failures --output --color --config --quiet --timeout --help"
+            opts="-y -o -q -h --where --skip-invalid --max-line-mib --reason-from --from-beginning --force --to --limit --rate --batch --dry-run --plan-out --yes --note --audit-log --resume --max-redrives --retries --keep-partition --mode --status --cancel --max-consecutive-failures --output --color --config --quiet --timeout --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
                 --where)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-line-mib)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -497,13 +509,17 @@ _dlqctl() {
             return 0
             ;;
         dlqctl__subcmd__summarize)
-            opts="-o -q -h --where --skip-invalid --reason-from --from-beginning --force --by --output --color --config --quiet --timeout --help"
+            opts="-o -q -h --where --skip-invalid --max-line-mib --reason-from --from-beginning --force --by --output --color --config --quiet --timeout --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
                 --where)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-line-mib)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

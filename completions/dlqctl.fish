@@ -51,6 +51,7 @@ complete -c dlqctl -n "__fish_dlqctl_using_subcommand list" -l timeout -d 'Longe
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand list" -s q -l quiet -d 'Print no notes on stderr, only errors'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand list" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l where -d 'Only messages matching EXPR; repeat to AND several. FIELD=VALUE, FIELD!=VALUE, FIELD~REGEX, FIELD!~REGEX, age>2h, count>=3; fields: reason, exception, source, dlq, id, count, age, header.NAME, body.PATH' -r
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l max-line-mib -d 'The longest archive line read, in MiB: a longer one (a file that is not an archive, a stream that never ends a line) stops the read' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l reason-from -d 'Take the exception class from an application\'s own field: header:NAME (attr:NAME is the same, for SQS attributes) or body.PATH of a JSON body. Used by peek, summarize, export' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -s n -l limit -d 'How many dead letters to show' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l redact -d 'Replace a field\'s value before output: header.NAME, body.PATH (dotted), or NAME for both. Repeatable; adds to the config file\'s [redact] fields' -r
@@ -68,6 +69,7 @@ complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -l full -d 'Show who
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -s q -l quiet -d 'Print no notes on stderr, only errors'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand peek" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -l where -d 'Only messages matching EXPR; repeat to AND several. FIELD=VALUE, FIELD!=VALUE, FIELD~REGEX, FIELD!~REGEX, age>2h, count>=3; fields: reason, exception, source, dlq, id, count, age, header.NAME, body.PATH' -r
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -l max-line-mib -d 'The longest archive line read, in MiB: a longer one (a file that is not an archive, a stream that never ends a line) stops the read' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -l reason-from -d 'Take the exception class from an application\'s own field: header:NAME (attr:NAME is the same, for SQS attributes) or body.PATH of a JSON body. Used by peek, summarize, export' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -l by -d 'What to group by' -r -f -a "reason\t'The reason kind (rejected, expired, max_receive_count, exception, ...)'
 source\t'The queue or topic the message came from'
@@ -88,6 +90,7 @@ complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -l force -d 'Re
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -s q -l quiet -d 'Print no notes on stderr, only errors'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand summarize" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l where -d 'Only messages matching EXPR; repeat to AND several. FIELD=VALUE, FIELD!=VALUE, FIELD~REGEX, FIELD!~REGEX, age>2h, count>=3; fields: reason, exception, source, dlq, id, count, age, header.NAME, body.PATH' -r
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l max-line-mib -d 'The longest archive line read, in MiB: a longer one (a file that is not an archive, a stream that never ends a line) stops the read' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l reason-from -d 'Take the exception class from an application\'s own field: header:NAME (attr:NAME is the same, for SQS attributes) or body.PATH of a JSON body. Used by peek, summarize, export' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l file -d 'Write to FILE instead of stdout; it appears only when the export is complete' -r -F
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l redact -d 'Replace a field\'s value before output: header.NAME, body.PATH (dotted), or NAME for both. Repeatable; adds to the config file\'s [redact] fields' -r
@@ -104,6 +107,7 @@ complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -l force -d 'Read 
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -s q -l quiet -d 'Print no notes on stderr, only errors'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand export" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l where -d 'Only messages matching EXPR; repeat to AND several. FIELD=VALUE, FIELD!=VALUE, FIELD~REGEX, FIELD!~REGEX, age>2h, count>=3; fields: reason, exception, source, dlq, id, count, age, header.NAME, body.PATH' -r
+complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l max-line-mib -d 'The longest archive line read, in MiB: a longer one (a file that is not an archive, a stream that never ends a line) stops the read' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l reason-from -d 'Take the exception class from an application\'s own field: header:NAME (attr:NAME is the same, for SQS attributes) or body.PATH of a JSON body. Used by peek, summarize, export' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l to -d 'Send copies here instead of each message\'s own source: a .jsonl archive (replay into a file) or another broker\'s target' -r
 complete -c dlqctl -n "__fish_dlqctl_using_subcommand redrive" -l limit -d 'Move at most N messages' -r
