@@ -117,7 +117,7 @@ impl Broker for Connection {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { peek: true, peek_cost: None, consume: true, server_move: false }
+        Capabilities { peek: true, peek_cost: None, consume: true, server_move: false, rereads_settled: false }
     }
 
     async fn describe(&self) -> Result<Description> {

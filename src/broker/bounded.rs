@@ -291,7 +291,7 @@ mod tests {
             "paced"
         }
         fn capabilities(&self) -> Capabilities {
-            Capabilities { peek: true, peek_cost: None, consume: false, server_move: false }
+            Capabilities { peek: true, peek_cost: None, consume: false, server_move: false, rereads_settled: false }
         }
         async fn describe(&self) -> Result<Description> {
             Err(self.not_supported("describe"))

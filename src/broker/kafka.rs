@@ -989,7 +989,7 @@ impl Broker for KafkaBroker {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { peek: true, peek_cost: None, consume: true, server_move: false }
+        Capabilities { peek: true, peek_cost: None, consume: true, server_move: false, rereads_settled: true }
     }
 
     async fn describe(&self) -> Result<Description> {

@@ -36,6 +36,11 @@ pub struct Capabilities {
     pub consume: bool,
     /// The broker can move everything back to the sources itself (the SQS move task).
     pub server_move: bool,
+    /// A message a run removed can be read again by a later run, as itself (Kafka: a commit
+    /// held back by a record left behind, with the offsets settled past it in commit metadata
+    /// that some brokers drop). Elsewhere a letter met again with a settled redrive id is
+    /// another letter (a twin), and needs a copy of its own.
+    pub rereads_settled: bool,
 }
 
 /// A server-side move (SQS message move task), as the broker reports it.

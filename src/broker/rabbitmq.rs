@@ -484,7 +484,13 @@ impl Broker for RabbitmqBroker {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { peek: true, peek_cost: Some(PEEK_COST), consume: true, server_move: false }
+        Capabilities {
+            peek: true,
+            peek_cost: Some(PEEK_COST),
+            consume: true,
+            server_move: false,
+            rereads_settled: false,
+        }
     }
 
     async fn describe(&self) -> Result<Description> {

@@ -518,7 +518,13 @@ impl Broker for SqsBroker {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { peek: true, peek_cost: Some(PEEK_COST), consume: true, server_move: true }
+        Capabilities {
+            peek: true,
+            peek_cost: Some(PEEK_COST),
+            consume: true,
+            server_move: true,
+            rereads_settled: false,
+        }
     }
 
     async fn describe(&self) -> Result<Description> {

@@ -129,12 +129,14 @@ impl Checkpoint {
     }
 
     /// What this run, or the run it resumes, knows of a message with this redrive id that
-    /// carries `count` (its redrive count).
-    pub fn seen(&self, redrive_id: &str, count: u64) -> Seen {
+    /// carries `count` (its redrive count). `rereads_settled`: the DLQ can hand out again a
+    /// message already removed (Kafka), so one met again is that message, not a twin.
+    pub fn seen(&self, redrive_id: &str, count: u64, rereads_settled: bool) -> Seen {
         let Some(journalled) = self.published.get(redrive_id) else { return Seen::New };
+        let unspent = journalled.confirmed > journalled.settled || rereads_settled;
         match journalled.count {
             None => Seen::Unproven,
-            Some(copy) if count + 1 == copy && journalled.confirmed > journalled.settled => Seen::Original,
+            Some(copy) if count + 1 == copy && unspent => Seen::Original,
             Some(copy) if count >= copy => Seen::ReturnedCopy,
             // Another letter with the same id and body whose copy no confirmed copy stands for,
             // or an older duplicate (a copy from an earlier redrive still in the DLQ): published
@@ -211,14 +213,14 @@ mod tests {
         std::fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(b"{\"publ").unwrap();
 
         let mut c = Checkpoint::resume(&path, "q.jsonl", Some("archive out.jsonl")).unwrap();
-        assert_eq!(c.seen("a", 0), Seen::New, "a's one copy already stands for a removed original");
-        assert_eq!(c.seen("b", 2), Seen::Original);
-        assert_eq!(c.seen("c", 0), Seen::New);
+        assert_eq!(c.seen("a", 0, false), Seen::New, "a's one copy already stands for a removed original");
+        assert_eq!(c.seen("b", 2, false), Seen::Original);
+        assert_eq!(c.seen("c", 0, false), Seen::New);
         // What the resumed run records is not glued to the torn line: a second resume sees it.
         c.record_published(&[("c", 1)]).unwrap();
         drop(c);
         let c = Checkpoint::resume(&path, "q.jsonl", Some("archive out.jsonl")).unwrap();
-        assert_eq!([c.seen("b", 2), c.seen("c", 0)], [Seen::Original; 2]);
+        assert_eq!([c.seen("b", 2, false), c.seen("c", 0, false)], [Seen::Original; 2]);
         let err = Checkpoint::resume(&path, "other.jsonl", Some("archive out.jsonl")).map(|_| ()).unwrap_err();
         assert!(err.to_string().contains("belongs to a redrive of q.jsonl"), "{err}");
     }
@@ -231,10 +233,10 @@ mod tests {
         c.record_published(&[("a", 2)]).unwrap();
         drop(c);
         let c = Checkpoint::resume(&path, "q", None).unwrap();
-        assert_eq!(c.seen("a", 1), Seen::Original);
-        assert_eq!(c.seen("a", 2), Seen::ReturnedCopy, "the copy itself, dead-lettered again");
-        assert_eq!(c.seen("a", 3), Seen::ReturnedCopy, "a later copy still is not the original");
-        assert_eq!(c.seen("a", 0), Seen::New, "an older duplicate is published again, never dropped");
+        assert_eq!(c.seen("a", 1, false), Seen::Original);
+        assert_eq!(c.seen("a", 2, false), Seen::ReturnedCopy, "the copy itself, dead-lettered again");
+        assert_eq!(c.seen("a", 3, false), Seen::ReturnedCopy, "a later copy still is not the original");
+        assert_eq!(c.seen("a", 0, false), Seen::New, "an older duplicate is published again, never dropped");
     }
 
     #[test]
@@ -245,12 +247,13 @@ mod tests {
         c.record_published(&[("twin", 1)]).unwrap();
         drop(c);
         let mut c = Checkpoint::resume(&path, "q", None).unwrap();
-        assert_eq!(c.seen("twin", 0), Seen::Original);
+        assert_eq!(c.seen("twin", 0, false), Seen::Original);
         c.record_settled(&["twin"]).unwrap();
-        assert_eq!(c.seen("twin", 0), Seen::New, "the second twin needs a copy of its own");
+        assert_eq!(c.seen("twin", 0, false), Seen::New, "the second twin needs a copy of its own");
+        assert_eq!(c.seen("twin", 0, true), Seen::Original, "on Kafka it is the removed record read again");
         drop(c);
         let c = Checkpoint::resume(&path, "q", None).unwrap();
-        assert_eq!(c.seen("twin", 0), Seen::New);
+        assert_eq!(c.seen("twin", 0, false), Seen::New);
     }
 
     #[test]
@@ -263,7 +266,7 @@ mod tests {
         )
         .unwrap();
         let c = Checkpoint::resume(&path, "q", None).unwrap();
-        assert_eq!(c.seen("a", 0), Seen::Unproven);
-        assert_eq!(c.seen("b", 0), Seen::New);
+        assert_eq!(c.seen("a", 0, false), Seen::Unproven);
+        assert_eq!(c.seen("b", 0, false), Seen::New);
     }
 }

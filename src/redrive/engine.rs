@@ -98,6 +98,7 @@ impl Engine<'_> {
         // Redrive ids handled in this run: a released message that comes round again is not
         // handled twice.
         let mut seen = HashSet::new();
+        let rereads_settled = self.source.capabilities().rereads_settled;
         let mut consecutive_failures = 0u32;
         let mut last_failure = String::new();
         let now = Utc::now();
@@ -127,7 +128,7 @@ impl Engine<'_> {
                 // The checkpoint knows every copy this run (or the run it resumes) had confirmed,
                 // with the count it carries: a copy that failed again and came back is left in
                 // the DLQ, and only a provable original is removed without a new copy.
-                let journalled = self.checkpoint.seen(&id, redrive_count(&r.letter));
+                let journalled = self.checkpoint.seen(&id, redrive_count(&r.letter), rereads_settled);
                 if journalled == Seen::ReturnedCopy {
                     summary.returned += 1;
                     self.log(&r.letter, &id, None, Outcome::Returned, None)?;

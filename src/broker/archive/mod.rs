@@ -287,6 +287,7 @@ impl Broker for ArchiveBroker {
             peek_cost: None,
             consume: matches!(self.target, ArchiveTarget::File(_)),
             server_move: false,
+            rereads_settled: false,
         }
     }
 
