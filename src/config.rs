@@ -103,7 +103,13 @@ impl Config {
                 "target {input:?} in config file {where_}: [targets.{input}.kafka] applies to kafka:// targets only"
             )));
         }
-        if let Some(secret) = named.kafka.keys().find(|k| k.ends_with(".password") || k.contains("secret")) {
+        // Any spelling of a property that holds a secret: passwords, JAAS configuration (which
+        // carries one), tokens, key material.
+        let holds_a_secret = |key: &str| {
+            let key = key.to_ascii_lowercase();
+            ["password", "secret", "jaas", "token", "key.pem", "credential"].iter().any(|s| key.contains(s))
+        };
+        if let Some(secret) = named.kafka.keys().find(|k| holds_a_secret(k)) {
             return Err(Error::Usage(format!(
                 "target {input:?} in config file {where_}: {secret} is a secret; give the SASL password as \
                  password_env (or password) so it is masked, and keep key passwords out of the file"
@@ -144,7 +150,7 @@ fn parse_error(path: &Path, text: &str, e: &toml::de::Error) -> Error {
     // serde quotes the offending value in "invalid type: integer `1234`, expected a string"
     // (and only names fields in "unknown field `x`").
     let without_values = if first.starts_with("invalid") {
-        regex::Regex::new("`[^`]*`").expect("valid").replace_all(first, "a value")
+        regex::Regex::new(r#"\s*(`[^`]*`|"[^"]*")"#).expect("valid").replace_all(first, "")
     } else {
         first.into()
     };
@@ -211,5 +217,8 @@ mod tests {
         std::fs::write(&path, "[targets.a]\nurl = \"x\"\npassword = 12345678987\n").unwrap();
         let err = Config::load(Some(&path)).unwrap_err().to_string();
         assert!(err.contains("config.toml:3 (password)") && !err.contains("12345678987"), "{err}");
+        std::fs::write(&path, "[redact]\nfields = \"never-print\"\n").unwrap();
+        let err = Config::load(Some(&path)).unwrap_err().to_string();
+        assert!(err.contains("(fields)") && !err.contains("never-print"), "{err}");
     }
 }

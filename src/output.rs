@@ -174,8 +174,9 @@ impl From<&String> for Shown {
 }
 
 /// Text from a message, a broker, a file or a flag, made safe to show on a terminal: control
-/// characters (C0, DEL, C1: ESC, BEL, NUL, CR, newlines) and the Unicode marks that reorder
-/// what is shown (bidirectional overrides and isolates) are written as Rust escapes
+/// characters (C0, DEL, C1: ESC, BEL, NUL, CR, newlines), Unicode's line and paragraph
+/// separators, and the marks that reorder what is shown (bidirectional overrides and
+/// isolates) are written as Rust escapes
 /// (`\u{1b}`, `\n`), so no sequence a message carries reaches the terminal raw. JSON output
 /// needs none of this: JSON escapes them itself.
 pub fn printable(text: &str) -> Cow<'_, str> {
@@ -191,7 +192,10 @@ pub fn printable_lines(text: &str) -> Cow<'_, str> {
 fn escape(text: &str, keep_lines: bool) -> Cow<'_, str> {
     let hidden = |c: char| {
         (c.is_control() && !(keep_lines && matches!(c, '\n' | '\t')))
-            || matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+            || matches!(
+                c,
+                '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{2028}' | '\u{2029}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}'
+            )
     };
     if !text.chars().any(hidden) {
         return Cow::Borrowed(text);

@@ -264,15 +264,28 @@ fn decode(s: &str, what: &str, shown: &str) -> Result<String> {
 /// everything between the first `:` and the last `@` counts as the password.
 pub fn mask_input(input: &str) -> String {
     let Some((scheme, rest)) = input.split_once("://") else {
-        return input.to_owned();
+        // A scheme with one slash (`rabbitmq:/u:pw@host`) is read as a file name, and echoed:
+        // what stands between its first `:` and its last `@` may still be a password.
+        return match (input.find(':'), input.rfind('@')) {
+            (Some(colon), Some(at)) if colon < at => format!("{}:****{}", &input[..colon], &input[at..]),
+            _ => input.to_owned(),
+        };
     };
     let Some(at) = rest.rfind('@') else {
         return input.to_owned();
     };
-    let Some(colon) = rest[..at].find(':') else {
-        return input.to_owned();
-    };
-    format!("{scheme}://{}:****{}", &rest[..colon], &rest[at..])
+    match rest[..at].find(':') {
+        Some(colon) => format!("{scheme}://{}:****{}", &rest[..colon], &rest[at..]),
+        // A user alone is shown, unless it may hide a password: percent-encoded (`u%3Apw`), or in
+        // an http(s) URL, where no user belongs and a token alone is the secret.
+        None if rest[..at].contains('%')
+            || scheme.eq_ignore_ascii_case("http")
+            || scheme.eq_ignore_ascii_case("https") =>
+        {
+            format!("{scheme}://****{}", &rest[at..])
+        }
+        None => input.to_owned(),
+    }
 }
 
 struct UrlParts<'a> {
@@ -678,6 +691,15 @@ mod tests {
             Target::parse("examples/orders-dlq.jsonl").unwrap(),
             Target::Archive(ArchiveTarget::File("examples/orders-dlq.jsonl".into()))
         );
+    }
+
+    #[test]
+    fn mask_input_hides_what_may_be_a_password_in_any_spelling() {
+        assert_eq!(mask_input("rabbitmq:/u:SECRET@127.0.0.1:1/v/q"), "rabbitmq:****@127.0.0.1:1/v/q");
+        assert_eq!(mask_input("rabbitmq://u%3ASECRET@h/v/q"), "rabbitmq://****@h/v/q");
+        assert_eq!(mask_input("https://SECRET@h/1/q"), "https://****@h/1/q");
+        assert_eq!(mask_input("rabbitmq://guest@h/v/q"), "rabbitmq://guest@h/v/q");
+        assert_eq!(mask_input("orders.jsonl"), "orders.jsonl");
     }
 
     #[test]

@@ -154,3 +154,66 @@ fn secrets_in_urls_and_config_files_are_never_echoed() {
     let err = support::text(&o.stderr);
     assert!(err.contains("config.toml:3") && err.contains("password"), "{err}");
 }
+
+#[test]
+fn a_hostile_file_name_is_escaped_too() {
+    let dir = tempfile::tempdir().unwrap();
+    // A file name can hold anything but NUL and `/`.
+    let name = dir.path().join(format!("ev{}.jsonl", EVIL.replace('\0', "")));
+    std::fs::copy(hostile_archive(dir.path()), &name).unwrap();
+    let to = dir.path().join("o.jsonl");
+    let o = support::run(&["redrive", name.to_str().unwrap(), "--to", to.to_str().unwrap(), "--dry-run"]);
+    let (out, err) = (support::text(&o.stdout), support::text(&o.stderr));
+    assert!(raw_controls(&out).is_empty() && raw_controls(&err).is_empty(), "{out}\n{err}");
+}
+
+#[test]
+fn redrive_into_a_file_writes_only_a_private_archive() {
+    let dir = tempfile::tempdir().unwrap();
+    let dlq = hostile_archive(dir.path());
+    let state = dir.path().join("state");
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, "victim\n").unwrap();
+    let o = support::output(
+        support::dlqctl(&state).args(["redrive", dlq.to_str().unwrap(), "--to"]).arg(&notes).arg("--yes"),
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", support::text(&o.stderr));
+    assert!(support::text(&o.stderr).contains("not a dlqctl archive"), "{}", support::text(&o.stderr));
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "victim\n");
+    let fresh = dir.path().join("fresh.jsonl");
+    let o = support::output(
+        support::dlqctl(&state).args(["redrive", dlq.to_str().unwrap(), "--to"]).arg(&fresh).arg("--yes"),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", support::text(&o.stderr));
+    assert_eq!(std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777, 0o600);
+}
+
+/// A group key `--reason-from` takes from a header the config file redacts is redacted.
+#[test]
+fn summarize_keeps_the_config_files_redaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "[redact]\nfields = [\"header.tenant\"]\n").unwrap();
+    let sample = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/orders-dlq.jsonl");
+    let o = support::ok(&[
+        "--config",
+        config.to_str().unwrap(),
+        "summarize",
+        sample,
+        "--by",
+        "exception",
+        "--reason-from",
+        "header:tenant",
+        "-o",
+        "json",
+    ]);
+    let report = support::json(&o);
+    let keys: Vec<&str> =
+        report["groups"].as_array().unwrap().iter().map(|g| g["exception"].as_str().unwrap()).collect();
+    let tenants: std::collections::BTreeSet<String> = support::records(&support::ok(&["export", sample]))
+        .iter()
+        .filter_map(|l| l.headers.get("tenant").map(|t| t.to_string()))
+        .collect();
+    assert!(!tenants.is_empty());
+    assert!(keys.contains(&"[REDACTED]") && keys.iter().all(|k| !tenants.contains(*k)), "{keys:?}");
+}

@@ -207,7 +207,9 @@ impl KafkaBroker {
             .set("group.id", &broker.target.group)
             .set_log_level(RDKafkaLogLevel::Error)
             .create_with_context(Reporter::default())
-            .map_err(|e| Error::Runtime(format!("cannot create a Kafka client for {}: {e}", broker.shown)))?;
+            .map_err(|e| {
+                Error::Runtime(format!("cannot create a Kafka client for {}: {}", broker.shown, broker.scrubbed(e)))
+            })?;
         let consumer = Detached::new(consumer);
         let topic = target.topic.clone();
         let shown = broker.shown.clone();
@@ -222,7 +224,7 @@ impl KafkaBroker {
             Ok(())
         })
         .await
-        .map_err(|e| Error::Runtime(format!("metadata lookup failed: {e}")))??;
+        .map_err(|e| Error::Runtime(format!("metadata lookup failed: {}", broker.scrubbed(e))))??;
         Ok(broker)
     }
 

@@ -104,6 +104,12 @@ impl Context {
         OpenOptions { timeout: self.timeout, ..OpenOptions::default() }
     }
 
+    /// The config file's `[redact] fields` alone, for verbs without `--redact` that still show
+    /// what messages carry (summarize's group keys).
+    pub fn config_redactor(&self) -> Redactor {
+        Redactor::new(&self.config.redact.fields)
+    }
+
     /// `--redact` fields plus the config file's `[redact] fields`.
     pub fn redactor(&self, args: &RedactArgs) -> Redactor {
         Redactor::new(self.config.redact.fields.iter().chain(&args.fields))

@@ -75,8 +75,11 @@ pub async fn run(ctx: &mut Context, args: &SummarizeArgs) -> Result<()> {
     let now = Utc::now();
     let mut groups: HashMap<String, Group> = HashMap::new();
     let mut total = 0u64;
+    let redactor = ctx.config_redactor();
     let mut letters = ctx.letters(broker.as_ref(), &args.read, None).await?;
-    while let Some(letter) = letters.try_next().await? {
+    while let Some(mut letter) = letters.try_next().await? {
+        // After --where and --reason-from: a group key taken from a redacted header is redacted.
+        redactor.apply(&mut letter);
         total += 1;
         let key = args.by.key(&letter, now);
         let seen = letter.failed_at();

@@ -66,7 +66,9 @@ fn check_nesting(path: &Path, text: &str) -> Result<()> {
 struct Lines<'a> {
     lines: Vec<&'a str>,
     first_key: HashMap<String, usize>,
-    waiver: Regex,
+    /// The waiver each line holds, read once (a one-line JSON template would otherwise be
+    /// searched whole for each of its resources).
+    waivers: Vec<Option<(String, String)>>,
 }
 
 impl<'a> Lines<'a> {
@@ -80,7 +82,9 @@ impl<'a> Lines<'a> {
             }
         }
         let waiver = Regex::new(r"dlqctl:\s*waive\s+(DLQ\d{3})\s+(.+)$").expect("valid");
-        Lines { lines, first_key, waiver }
+        let waivers =
+            lines.iter().map(|l| waiver.captures(l).map(|c| (c[1].to_owned(), c[2].trim().to_owned()))).collect();
+        Lines { lines, first_key, waivers }
     }
 
     /// The 1-based line where `key` is first defined as a mapping key (YAML or JSON).
@@ -110,10 +114,7 @@ impl<'a> Lines<'a> {
     fn waivers(&self, from: usize, to: usize) -> Vec<(String, String)> {
         let start = from.saturating_sub(1).min(self.lines.len());
         let end = (start + to.saturating_sub(from).max(1)).min(self.lines.len());
-        self.lines[start..end]
-            .iter()
-            .filter_map(|l| self.waiver.captures(l).map(|c| (c[1].to_owned(), c[2].trim().to_owned())))
-            .collect()
+        self.waivers[start..end].iter().flatten().cloned().collect()
     }
 }
 

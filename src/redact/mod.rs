@@ -47,9 +47,22 @@ impl Redactor {
         self.redact_headers(&mut letter.extras, &mut hidden);
         // A failure message often repeats what it failed on: a redacted header's value goes from
         // it too.
-        for text in [&mut letter.reason.message, &mut letter.reason.raw].into_iter().flatten() {
+        let reason = &mut letter.reason;
+        let texts = [
+            &mut reason.message,
+            &mut reason.raw,
+            &mut reason.exception_class,
+            &mut reason.cause_class,
+            &mut reason.code,
+        ];
+        for text in texts.into_iter().flatten() {
             for secret in &hidden {
-                if text.contains(secret.as_str()) {
+                // The whole text, whatever its length (a value --reason-from took as the
+                // exception); inside a longer text, values of four characters or more (a
+                // shorter one would match by chance).
+                if text == secret {
+                    *text = REDACTED.into();
+                } else if secret.chars().count() >= 4 && text.contains(secret.as_str()) {
                     *text = text.replace(secret.as_str(), REDACTED);
                 }
             }
@@ -61,8 +74,8 @@ impl Redactor {
         }
     }
 
-    /// Redact matching headers at any depth, keeping in `hidden` the text they held (four
-    /// characters or more), to take out of the failure message too.
+    /// Redact matching headers at any depth, keeping in `hidden` the text they held, to take
+    /// out of the failure reason too.
     fn redact_headers(&self, headers: &mut Headers, hidden: &mut Vec<String>) {
         for (name, value) in headers.iter_mut() {
             // Header names are case-insensitive in practice (HTTP-style producers vary).
@@ -73,7 +86,7 @@ impl Redactor {
                     Value::Bytes(b) => std::str::from_utf8(b).ok().map(str::to_owned),
                     _ => None,
                 };
-                hidden.extend(text.filter(|t| t.chars().count() >= 4));
+                hidden.extend(text.filter(|t| !t.is_empty()));
                 *value = Value::String(REDACTED.into());
             } else {
                 self.redact_value(value, hidden);

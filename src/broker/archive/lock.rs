@@ -7,7 +7,7 @@
 //! replaced is dropped and taken again on the new one.
 
 use std::fs::{File, OpenOptions, TryLockError};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 /// Why a lock could not be had.
@@ -31,7 +31,8 @@ pub fn lock_file(path: &Path, create: bool) -> Result<File, LockError> {
         let mut options = OpenOptions::new();
         options.read(true);
         if create {
-            options.append(true).create(true);
+            // A new archive holds message bodies: its owner's alone.
+            options.append(true).create(true).mode(0o600);
         } else {
             options.write(true);
         }

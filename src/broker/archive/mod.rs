@@ -22,7 +22,7 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, BufReader};
 use super::{Broker, Capabilities, Description, Handle, LetterStream, OpenOptions, Received};
 use crate::error::{Error, Result};
 use crate::model::{DeadLetter, Keep};
-use crate::target::ArchiveTarget;
+use crate::target::{ArchiveTarget, mask_input};
 use journal::{Journal, LineId, Settled};
 pub use lock::same_file;
 pub use sink::ArchiveSink;
@@ -74,7 +74,8 @@ impl ArchiveBroker {
 
     fn name(&self) -> String {
         match &self.target {
-            ArchiveTarget::File(p) => p.display().to_string(),
+            // A mistyped URL (`rabbitmq:/u:pw@host`) is a file name too: shown masked.
+            ArchiveTarget::File(p) => mask_input(&p.display().to_string()),
             ArchiveTarget::Stdin => "<stdin>".into(),
         }
     }
@@ -173,7 +174,7 @@ fn open_error(path: &Path, e: std::io::Error) -> Error {
     Error::Runtime(format!(
         "cannot open archive {}: {e} (a target is a .jsonl file, a URL such as rabbitmq://, sqs://, kafka://, \
          or a name under [targets] in the config file)",
-        path.display()
+        mask_input(&path.display().to_string())
     ))
 }
 

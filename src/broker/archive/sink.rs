@@ -138,8 +138,8 @@ fn finish_last_line(file: &mut File, path: &Path) -> Result<Option<String>> {
     let fail = |what: &str, e: std::io::Error| Error::Runtime(format!("cannot {what} archive {}: {e}", path.display()));
     let not_an_archive = || {
         Error::Usage(format!(
-            "archive {} ends in a line that is neither a dead letter nor part of one: \
-             it is not a dlqctl archive; name another file with --to",
+            "{} ends in a line that is neither a dead letter nor part of one: it is not a dlqctl \
+             archive; name another file with --to",
             path.display()
         ))
     };
@@ -147,6 +147,20 @@ fn finish_last_line(file: &mut File, path: &Path) -> Result<Option<String>> {
     let line_start = last_line_start(file, len).map_err(|e| fail("read", e))?;
     let unfinished_len = len - line_start;
     if unfinished_len == 0 {
+        // Whole lines: the last must be a dead letter, or this is some other file that a
+        // mistyped --to would append message bodies to.
+        if len > 0 {
+            let start = last_line_start(file, len - 1).map_err(|e| fail("read", e))?;
+            let mut last = Vec::new();
+            file.seek(SeekFrom::Start(start))
+                .and_then(|_| (&mut *file).take(len - 1 - start).read_to_end(&mut last))
+                .map_err(|e| fail("read", e))?;
+            let last = last.trim_ascii();
+            if !last.is_empty() && DeadLetter::from_archive_line(last, Keep { bodies: false, headers: false }).is_err()
+            {
+                return Err(not_an_archive());
+            }
+        }
         return Ok(None);
     }
     // Only a line that opens as JSON is read whole: a letter can be large, and a file that is
@@ -265,6 +279,11 @@ mod tests {
         std::fs::write(&damaged, &broken).unwrap();
         assert!(finish(&damaged).is_err());
         assert_eq!(std::fs::read_to_string(&damaged).unwrap(), broken);
+        // Whole lines of something else: not appended to.
+        let notes = dir.path().join("notes.txt");
+        std::fs::write(&notes, "victim\n").unwrap();
+        assert!(finish(&notes).is_err());
+        assert_eq!(std::fs::read_to_string(&notes).unwrap(), "victim\n");
         assert_eq!(std::fs::read(&path).unwrap(), content);
         assert_eq!(std::fs::read_to_string(&json).unwrap(), "{\"not\": \"a letter\"");
     }

@@ -272,7 +272,7 @@ fn needs_prompt(args: &RedriveArgs, dlq: &str) -> Result<bool> {
 /// Ask on the terminal; the default is no.
 fn ask(question: String) -> Result<bool> {
     dialoguer::Confirm::new()
-        .with_prompt(question)
+        .with_prompt(printable(&question))
         .default(false)
         .interact()
         .map_err(|e| Error::Runtime(format!("cannot ask for confirmation: {e}")))
@@ -290,12 +290,11 @@ fn confirm(ctx: &Context, dlq: &str, plan: &Plan) -> Result<bool> {
     for line in plan_lines(plan) {
         let _ = writeln!(std::io::stderr(), "{}", printable(&line));
     }
-    ask(printable(&format!(
+    ask(format!(
         "Redrive {} message(s) from {dlq} to {}?",
         plan.selected - plan.unroutable,
         plan.destinations().join(", ")
     ))
-    .into_owned())
 }
 
 fn plan_lines(plan: &Plan) -> Vec<String> {
@@ -331,7 +330,7 @@ fn print_plan(ctx: &mut Context, dlq: &str, selection: &Selection, plan: &Plan) 
          because their source is unknown); nothing was changed",
         plan.scanned, plan.skipped, plan.over_max_redrives, plan.unroutable
     );
-    std::io::Write::write_all(ctx.out.writer(), format!("{line}\n").as_bytes())?;
+    std::io::Write::write_all(ctx.out.writer(), format!("{}\n", printable(&line)).as_bytes())?;
     Ok(())
 }
 

@@ -41,9 +41,9 @@ pub async fn run(ctx: &mut Context, args: &RedriveArgs, source: &dyn Broker, dlq
         }
         let line = format!(
             "dry run: path: server-side move task ({why}); would move about {depth} message(s) from {dlq} back to \
-             {sources} at {pace}; nothing was changed\n"
+             {sources} at {pace}; nothing was changed"
         );
-        std::io::Write::write_all(ctx.out.writer(), line.as_bytes())?;
+        std::io::Write::write_all(ctx.out.writer(), format!("{}\n", crate::output::printable(&line)).as_bytes())?;
         return Ok(());
     }
     if needs_prompt(args, dlq)?
