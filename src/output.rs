@@ -152,12 +152,16 @@ pub const CELL_CHARS: usize = 256;
 pub struct Shown(Cell);
 
 impl From<&str> for Shown {
+    /// Only the first [`CELL_CHARS`] characters are read, and what is shown (escapes
+    /// included) is cut to as many: a cell is never wider, whatever it holds.
     fn from(text: &str) -> Self {
-        let cut = text.char_indices().nth(CELL_CHARS).map(|(at, _)| at);
-        Shown(Cell::new(match cut {
-            Some(at) => format!("{}…", printable(&text[..at])),
-            None => printable(text).into_owned(),
-        }))
+        let head_end = text.char_indices().nth(CELL_CHARS).map(|(at, _)| at);
+        let escaped = printable(&text[..head_end.unwrap_or(text.len())]);
+        let mut shown: String = escaped.chars().take(CELL_CHARS).collect();
+        if head_end.is_some() || shown.len() < escaped.len() {
+            shown.push('…');
+        }
+        Shown(Cell::new(shown))
     }
 }
 
@@ -283,6 +287,15 @@ mod tests {
         assert!(!shown.chars().any(|c| c.is_control() || c == '\u{202e}'), "{shown}");
         assert_eq!(printable("plain ünïcode ✓"), "plain ünïcode ✓");
         assert_eq!(printable_lines("a\n\tb\u{1b}"), "a\n\tb\\u{1b}");
+    }
+
+    #[test]
+    fn a_cell_of_escapes_is_cut_to_the_same_width() {
+        // Found by fuzz/render_and_redact: each control character is six characters escaped.
+        let controls = "\u{15}".repeat(100);
+        let mut table = Output::new(Format::Table, ColorChoice::Never, true).table(&["id"]);
+        table.add_row([controls.as_str()]);
+        assert_eq!(table.render()[1].chars().count(), CELL_CHARS + 1);
     }
 
     #[test]
