@@ -152,17 +152,21 @@ pub const CELL_CHARS: usize = 256;
 pub struct Shown(Cell);
 
 impl From<&str> for Shown {
-    /// Only the first [`CELL_CHARS`] characters are read, and what is shown (escapes
-    /// included) is cut to as many: a cell is never wider, whatever it holds.
     fn from(text: &str) -> Self {
-        let head_end = text.char_indices().nth(CELL_CHARS).map(|(at, _)| at);
-        let escaped = printable(&text[..head_end.unwrap_or(text.len())]);
-        let mut shown: String = escaped.chars().take(CELL_CHARS).collect();
-        if head_end.is_some() || shown.len() < escaped.len() {
-            shown.push('…');
-        }
-        Shown(Cell::new(shown))
+        Shown(Cell::new(printable_cut(text, CELL_CHARS)))
     }
+}
+
+/// [`printable`] text at most `chars` characters wide, escapes included, with an ellipsis where
+/// it was cut. Only the first `chars` characters are read, whatever the text's length.
+pub fn printable_cut(text: &str, chars: usize) -> String {
+    let head_end = text.char_indices().nth(chars).map(|(at, _)| at);
+    let escaped = printable(&text[..head_end.unwrap_or(text.len())]);
+    let mut shown: String = escaped.chars().take(chars).collect();
+    if head_end.is_some() || shown.len() < escaped.len() {
+        shown.push('…');
+    }
+    shown
 }
 
 impl From<String> for Shown {

@@ -10,7 +10,7 @@ use super::{Context, format_age};
 use crate::cli::PeekArgs;
 use crate::error::Result;
 use crate::model::{DeadLetter, ReasonKind, format_time};
-use crate::output::{printable, printable_lines};
+use crate::output::{printable, printable_cut, printable_lines};
 
 const PREVIEW_CHARS: usize = 60;
 
@@ -85,10 +85,7 @@ fn preview(body: Option<&[u8]>) -> String {
     let Ok(text) = std::str::from_utf8(body) else {
         return format!("<binary, {} bytes>", body.len());
     };
-    match text.char_indices().nth(PREVIEW_CHARS) {
-        Some((cut, _)) => format!("{}…", printable(&text[..cut])),
-        None => printable(text).into_owned(),
-    }
+    printable_cut(text, PREVIEW_CHARS)
 }
 
 fn write_full(w: &mut impl Write, letter: &DeadLetter, separator: bool) -> std::io::Result<()> {
