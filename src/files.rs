@@ -40,16 +40,46 @@ pub fn private_file(path: &Path, append: bool) -> Result<BufWriter<File>> {
 /// A new file beside `path`, named `.NAME.dlqctl-PID-RANDOM.SUFFIX`, created exclusively (so
 /// never through a symlink) with mode 0600.
 pub fn temporary_beside(path: &Path, suffix: &str) -> std::io::Result<(PathBuf, File)> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let prefix = temporary_prefix(path);
     loop {
         let random = fastrand::u32(..);
-        let tmp = path.with_file_name(format!(".{name}.dlqctl-{}-{random:08x}.{suffix}", std::process::id()));
+        let tmp = path.with_file_name(format!("{prefix}{}-{random:08x}.{suffix}", std::process::id()));
         match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp) {
             Ok(file) => return Ok((tmp, file)),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Remove what [`temporary_beside`] made for `path` with this suffix and a killed process left;
+/// call only when no live process can be writing one (while holding the file's lock).
+pub fn remove_temporaries_beside(path: &Path, suffix: &str) {
+    let prefix = temporary_prefix(path);
+    let Ok(entries) = std::fs::read_dir(folder_of(path)) else { return };
+    for entry in entries.flatten() {
+        let file = entry.file_name().to_string_lossy().into_owned();
+        if file.starts_with(&prefix) && file.ends_with(&format!(".{suffix}")) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Make a rename in `path`'s folder durable (best effort: not every file system can sync a
+/// folder).
+pub fn sync_folder_of(path: &Path) {
+    if let Ok(dir) = File::open(folder_of(path)) {
+        let _ = dir.sync_all();
+    }
+}
+
+fn temporary_prefix(path: &Path) -> String {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    format!(".{name}.dlqctl-")
+}
+
+fn folder_of(path: &Path) -> &Path {
+    path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."))
 }
 
 fn open_error(path: &Path, e: std::io::Error) -> Error {

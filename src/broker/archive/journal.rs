@@ -19,7 +19,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::files::{private_file, temporary_beside};
+use crate::files::{private_file, remove_temporaries_beside, sync_folder_of, temporary_beside};
 
 /// A line of the archive as the journal names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -122,7 +122,8 @@ impl Settled {
 /// the archive is unlocked. The new file keeps the old one's mode and, where the process may
 /// set them, its owner and group.
 pub fn compact(archive: &Path) -> Result<Option<File>> {
-    remove_stale_temporaries(archive);
+    // What a compaction killed before its rename left: only a holder of the lock compacts.
+    remove_temporaries_beside(archive, "tmp");
     let mut settled = Settled::open(archive)?;
     let journal = journal_path(archive);
     if settled.is_empty() {
@@ -159,32 +160,9 @@ pub fn compact(archive: &Path) -> Result<Option<File>> {
         let _ = std::fs::remove_file(&tmp);
         return Err(Error::io(context("write"), e));
     }
-    sync_dir(archive);
+    sync_folder_of(archive);
     remove(&journal)?;
     Ok(Some(out))
-}
-
-/// What a compaction killed before its rename left beside the archive. Only a holder of the
-/// lock compacts, so none of them is in use.
-fn remove_stale_temporaries(archive: &Path) {
-    let name = archive.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let prefix = format!(".{name}.dlqctl-");
-    let dir = archive.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for entry in entries.flatten() {
-        let file = entry.file_name().to_string_lossy().into_owned();
-        if file.starts_with(&prefix) && file.ends_with(".tmp") {
-            let _ = std::fs::remove_file(entry.path());
-        }
-    }
-}
-
-/// Make a rename durable (best effort: not every file system can sync a directory).
-fn sync_dir(path: &Path) {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    if let Ok(dir) = File::open(dir) {
-        let _ = dir.sync_all();
-    }
 }
 
 fn remove(journal: &Path) -> Result<()> {

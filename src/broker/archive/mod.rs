@@ -101,16 +101,25 @@ impl ArchiveBroker {
                 (Box::new(BufReader::with_capacity(READ_BUFFER, file)), (!settled.is_empty()).then_some(settled))
             }
         };
-        Ok(LineReader {
+        Ok(self.line_reader(input, false, settled))
+    }
+
+    fn line_reader(
+        &self,
+        input: Box<dyn AsyncBufRead + Unpin + Send>,
+        digests: bool,
+        settled: Option<Settled>,
+    ) -> LineReader {
+        LineReader {
             input,
             name: self.name(),
             keep: self.keep,
             line_no: 0,
             buf: Vec::with_capacity(4096),
             max_line: self.max_line,
-            digests: false,
+            digests,
             settled,
-        })
+        }
     }
 
     /// Take the file for a run that removes letters from it: its lock (refused while another
@@ -142,17 +151,8 @@ impl ArchiveBroker {
             ))
         })?;
         let file = std::fs::File::open(path).map_err(|e| open_error(path, e))?;
-        let lines = LineReader {
-            input: Box::new(BufReader::with_capacity(READ_BUFFER, tokio::fs::File::from_std(file))),
-            name: self.name(),
-            keep: self.keep,
-            line_no: 0,
-            buf: Vec::with_capacity(4096),
-            max_line: self.max_line,
-            digests: true,
-            settled: None,
-        };
-        Ok(Consumer { lines, journal, _lock: lock })
+        let input = Box::new(BufReader::with_capacity(READ_BUFFER, tokio::fs::File::from_std(file)));
+        Ok(Consumer { lines: self.line_reader(input, true, None), journal, _lock: lock })
     }
 
     /// The next dead letter, honouring `--skip-invalid`.
