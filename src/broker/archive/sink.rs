@@ -8,9 +8,10 @@
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
@@ -23,21 +24,40 @@ pub struct ArchiveSink {
     path: PathBuf,
     /// What opening did to the file's last line, for the operator.
     open_notes: Vec<String>,
+    /// Where this sink last left the file's end. While the file is still so, it ends in a whole
+    /// letter this sink wrote or checked, and is not read back before the next append.
+    checked_end: Arc<Mutex<Option<End>>>,
+}
+
+/// A file's identity and length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct End {
+    dev: u64,
+    ino: u64,
+    len: u64,
+}
+
+impl End {
+    fn of(file: &File) -> std::io::Result<End> {
+        let m = file.metadata()?;
+        Ok(End { dev: m.dev(), ino: m.ino(), len: m.len() })
+    }
 }
 
 impl ArchiveSink {
     pub async fn open(path: &Path) -> Result<Self> {
         let owned = path.to_path_buf();
-        let open_notes = tokio::task::spawn_blocking(move || prepare(&owned))
+        let (open_notes, end) = tokio::task::spawn_blocking(move || prepare(&owned))
             .await
             .map_err(|e| Error::Runtime(format!("cannot check the end of archive {}: {e}", path.display())))??;
-        Ok(ArchiveSink { path: path.to_path_buf(), open_notes })
+        Ok(ArchiveSink { path: path.to_path_buf(), open_notes, checked_end: Arc::new(Mutex::new(end)) })
     }
 }
 
 /// Check the destination can be written, and finish what a killed run left unfinished at its
-/// end. A lock held by another run is no error here: the appends wait their turn.
-fn prepare(path: &Path) -> Result<Vec<String>> {
+/// end, saying where that end now is. A lock held by another run is no error here: the
+/// appends wait their turn.
+fn prepare(path: &Path) -> Result<(Vec<String>, Option<End>)> {
     if let Ok(metadata) = std::fs::metadata(path)
         && !metadata.is_file()
     {
@@ -48,8 +68,11 @@ fn prepare(path: &Path) -> Result<Vec<String>> {
         )));
     }
     match lock_file(path, true) {
-        Ok(mut file) => Ok(finish_last_line(&mut file, path)?.into_iter().collect()),
-        Err(LockError::Busy) => Ok(Vec::new()),
+        Ok(mut file) => {
+            let notes = finish_last_line(&mut file, path)?.into_iter().collect();
+            Ok((notes, End::of(&file).ok()))
+        }
+        Err(LockError::Busy) => Ok((Vec::new(), None)),
         Err(LockError::Io(e)) => Err(Error::Usage(format!("cannot open archive {} for writing: {e}", path.display()))),
     }
 }
@@ -67,8 +90,14 @@ impl Drop for GaveUp {
 
 /// Append `lines` to `path` under its lock, durably. When `gave_up` is set by the time the
 /// write is done, the caller no longer waits for it: the bytes are cut back out, so a copy
-/// never counts as confirmed without its caller knowing.
-fn append(path: &Path, lines: &[u8], gave_up: &AtomicBool) -> std::result::Result<(), PublishError> {
+/// never counts as confirmed without its caller knowing. The file's end is checked first
+/// unless it is still where `checked_end` says this sink left it.
+fn append(
+    path: &Path,
+    lines: &[u8],
+    gave_up: &AtomicBool,
+    checked_end: &Mutex<Option<End>>,
+) -> std::result::Result<(), PublishError> {
     let fail = |failure, what: String| PublishError {
         failure,
         message: format!("cannot append to {}: {what}", path.display()),
@@ -80,13 +109,22 @@ fn append(path: &Path, lines: &[u8], gave_up: &AtomicBool) -> std::result::Resul
         }
         Err(LockError::Io(e)) => return Err(fail(io_failure(&e), e.to_string())),
     };
-    finish_last_line(&mut file, path).map_err(|e| fail(Failure::Permanent, e.to_string()))?;
-    let start = file.metadata().map_err(|e| fail(io_failure(&e), e.to_string()))?.len();
+    let mut checked = checked_end.lock().expect("not poisoned");
+    let end = End::of(&file).map_err(|e| fail(io_failure(&e), e.to_string()))?;
+    if *checked != Some(end) {
+        // Another writer was here (or this is the first append): its end is not known whole.
+        *checked = None;
+        finish_last_line(&mut file, path).map_err(|e| fail(Failure::Permanent, e.to_string()))?;
+    }
+    let start = End::of(&file).map_err(|e| fail(io_failure(&e), e.to_string()))?;
     let written = file.write_all(lines).and_then(|()| file.sync_data());
     let abandoned = gave_up.load(Ordering::SeqCst);
     if written.is_err() || abandoned {
         // Nothing else can have written since: we hold the lock.
-        file.set_len(start).and_then(|()| file.sync_data()).map_err(|e| fail(Failure::Permanent, e.to_string()))?;
+        file.set_len(start.len).and_then(|()| file.sync_data()).map_err(|e| fail(Failure::Permanent, e.to_string()))?;
+        *checked = Some(start);
+    } else {
+        *checked = Some(End { len: start.len + lines.len() as u64, ..start });
     }
     match written {
         Err(e) => Err(fail(io_failure(&e), e.to_string())),
@@ -119,7 +157,8 @@ impl Sink for ArchiveSink {
         let flag = Arc::new(AtomicBool::new(false));
         let mut waiting = GaveUp(flag.clone(), false);
         let path = self.path.clone();
-        let task = tokio::task::spawn_blocking(move || append(&path, &lines, &flag));
+        let checked_end = self.checked_end.clone();
+        let task = tokio::task::spawn_blocking(move || append(&path, &lines, &flag, &checked_end));
         let result = task.await.unwrap_or_else(|e| {
             Err(PublishError { failure: Failure::Permanent, message: format!("the append task failed: {e}") })
         });
@@ -296,11 +335,25 @@ mod tests {
         std::fs::write(&path, &whole).unwrap();
         let big = sample_line(3 * 1024 * 1024);
         let gave_up = AtomicBool::new(true);
-        let err = append(&path, big.as_bytes(), &gave_up).unwrap_err();
+        let err = append(&path, big.as_bytes(), &gave_up, &Mutex::new(None)).unwrap_err();
         assert_eq!(err.failure, Failure::Transient, "{}", err.message);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), whole, "no part of the copy stays");
-        append(&path, big.as_bytes(), &AtomicBool::new(false)).unwrap();
+        append(&path, big.as_bytes(), &AtomicBool::new(false), &Mutex::new(None)).unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), format!("{whole}{big}"));
+    }
+
+    #[test]
+    fn an_end_another_writer_left_unfinished_is_checked_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.jsonl");
+        let (first, second) = (sample_line(10), sample_line(20));
+        let checked_end = Mutex::new(None);
+        append(&path, first.as_bytes(), &AtomicBool::new(false), &checked_end).unwrap();
+        assert!(checked_end.lock().unwrap().is_some(), "this sink knows the end it left");
+        // Another run, killed mid-append, leaves the start of a copy.
+        std::fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(&second.as_bytes()[..15]).unwrap();
+        append(&path, second.as_bytes(), &AtomicBool::new(false), &checked_end).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), format!("{first}{second}"));
     }
 
     #[test]
@@ -308,7 +361,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("out.jsonl");
         let _held = lock_file(&path, true).unwrap();
-        let err = append(&path, sample_line(1).as_bytes(), &AtomicBool::new(false)).unwrap_err();
+        let err = append(&path, sample_line(1).as_bytes(), &AtomicBool::new(false), &Mutex::new(None)).unwrap_err();
         assert_eq!(err.failure, Failure::Transient);
         assert!(err.message.contains("another dlqctl run"), "{}", err.message);
     }
