@@ -6,7 +6,7 @@
 //! shares it; a compaction replaces the file, so a lock taken on a file that has since been
 //! replaced is dropped and taken again on the new one.
 
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::{File, Metadata, OpenOptions, TryLockError};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -44,7 +44,7 @@ pub fn lock_file(path: &Path, create: bool) -> Result<File, LockError> {
         }
         let locked = file.metadata()?;
         match std::fs::metadata(path) {
-            Ok(now) if now.dev() == locked.dev() && now.ino() == locked.ino() => return Ok(file),
+            Ok(now) if same_inode(&now, &locked) => return Ok(file),
             // Replaced (or removed) between our open and our lock: lock what is there now.
             Ok(_) => continue,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => continue,
@@ -70,9 +70,13 @@ pub fn lock_file_waiting(path: &Path, patience: std::time::Duration) -> Result<F
 /// A path that does not exist names no file yet.
 pub fn same_file(a: &Path, b: &Path) -> bool {
     match (std::fs::metadata(a), std::fs::metadata(b)) {
-        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        (Ok(a), Ok(b)) => same_inode(&a, &b),
         _ => false,
     }
+}
+
+fn same_inode(a: &Metadata, b: &Metadata) -> bool {
+    a.dev() == b.dev() && a.ino() == b.ino()
 }
 
 #[cfg(test)]

@@ -218,7 +218,7 @@ pub async fn run(ctx: &mut Context, args: &RedriveArgs) -> Result<()> {
 }
 
 /// The command that continues this run: the targets as the operator typed them (passwords
-/// masked) and every flag that decides what moves and where; `--yes` is left to the operator.
+/// masked), every flag that decides what moves and where, and `--yes` when this run had it.
 fn resume_command(args: &RedriveArgs, checkpoint: &Checkpoint) -> String {
     let mut words = vec!["dlqctl".to_owned(), "redrive".to_owned(), mask_input(&args.read.target)];
     let mut flag = |name: &str, value: Option<String>| {
